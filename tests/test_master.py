@@ -1,0 +1,59 @@
+import torch
+
+from trl_es.master import MasterWeights
+from trl_es.noise import Member, parameter_noise
+
+
+def _parameters(dtype=torch.float32):
+    torch.manual_seed(0)
+    return {"a.weight": torch.randn(8, 4).to(dtype), "b.bias": torch.randn(4).to(dtype)}
+
+
+def test_member_is_master_plus_signed_scaled_noise():
+    master = MasterWeights(_parameters())
+    perturbed = dict(master.perturbed(Member(5, sign=-1), sigma=0.1))
+    expected = master.tensors["a.weight"] - 0.1 * parameter_noise(5, "a.weight", (8, 4))
+    assert torch.allclose(perturbed["a.weight"], expected)
+
+
+def test_update_is_lr_times_weighted_noise_sum_in_float32():
+    params = _parameters(torch.bfloat16)
+    master = MasterWeights(params)
+    start = {name: t.clone() for name, t in master.tensors.items()}
+    coefficients = {1: 0.5, 2: -0.25}
+    norm = master.apply_update(coefficients, lr=1e-3)
+    for name, tensor in master.tensors.items():
+        assert tensor.dtype == torch.float32
+        direction = 0.5 * parameter_noise(1, name, tensor.shape) - 0.25 * parameter_noise(2, name, tensor.shape)
+        assert torch.allclose(tensor, start[name] + 1e-3 * direction, atol=1e-7)
+    expected_norm = torch.sqrt(sum((t - start[n]).pow(2).sum() for n, t in master.tensors.items()))
+    assert abs(norm - expected_norm.item()) < 1e-6 * norm + 1e-9
+
+
+def test_small_update_survives_in_the_float32_master_though_bf16_would_lose_it():
+    params = {"w": torch.ones(1000, dtype=torch.bfloat16)}
+    master = MasterWeights(params)
+    master.apply_update({3: 1.0}, lr=5e-4)
+    changed_in_master = (master.tensors["w"] != 1.0).float().mean()
+    changed_in_bf16 = (master.tensors["w"].to(torch.bfloat16) != 1.0).float().mean()
+    assert changed_in_master == 1.0
+    assert changed_in_bf16 < 0.5  # the reason for the master: most of a bf16 step of 5e-4 rounds away
+
+
+def test_weight_decay_is_decoupled():
+    master = MasterWeights({"w": torch.full((3,), 2.0)})
+    master.apply_update({}, lr=0.1, weight_decay=0.5)
+    assert torch.allclose(master.tensors["w"], torch.full((3,), 2.0 * (1 - 0.1 * 0.5)))
+
+
+def test_zero_coefficients_leave_the_master_bitwise_unchanged():
+    master = MasterWeights(_parameters())
+    before = {name: t.clone() for name, t in master.tensors.items()}
+    assert master.apply_update({1: 0.0, 2: 0.0}, lr=1e-3) == 0.0
+    assert all(torch.equal(master.tensors[n], before[n]) for n in before)
+
+
+def test_relative_distance():
+    master = MasterWeights({"w": torch.tensor([3.0, 4.0])})
+    assert master.relative_distance({"w": torch.tensor([3.0, 4.0])}) == 0.0
+    assert abs(master.relative_distance({"w": torch.tensor([0.0, 4.0])}) - 3 / 4) < 1e-9

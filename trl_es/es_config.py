@@ -1,0 +1,264 @@
+"""ESConfig: GRPOConfig's fields plus the Evolution Strategies hyperparameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .fitness import FITNESS_SHAPINGS
+
+# Fields of GRPOConfig that only shape GRPO's policy-gradient loss. ES has no such loss, so setting one is a no-op
+# that deserves a warning rather than silence.
+GRPO_ONLY_FIELDS = (
+    "beta",
+    "num_iterations",
+    "epsilon",
+    "delta",
+    "epsilon_high",
+    "sapo_temperature_neg",
+    "sapo_temperature_pos",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "importance_sampling_level",
+    "scale_rewards",
+    "loss_type",
+    "mask_truncated_completions",
+    "sync_ref_model",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "top_entropy_quantile",
+    "entropy_coef",
+    "use_adaptive_entropy",
+    "entropy_coef_min",
+    "entropy_coef_max",
+    "entropy_coef_delta",
+    "entropy_target",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "off_policy_mask_threshold",
+    "use_bias_correction_kl",
+    "multi_objective_aggregation",
+)
+
+# Fields that GRPOConfig derives in __post_init__; copying them from a finished GRPOConfig would set both at once.
+_DERIVED_FIELDS = ("generation_batch_size",)
+
+
+def _field_default(config_class: type, name: str):
+    spec = config_class.__dataclass_fields__[name]
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
+class _OneCompletionPerPrompt(int):
+    """Stands in for `num_generations=1` while GRPOConfig validates.
+
+    GRPOConfig rejects fewer than two completions per prompt because GRPO's advantages need a group; ES scores members,
+    not completions, so one is valid. This value passes GRPO's group-size check and, like 1, divides every batch size.
+    """
+
+    def __new__(cls):
+        return super().__new__(cls, 2)
+
+    def __rmod__(self, other):
+        return 0
+
+
+@dataclass
+class ESConfig(GRPOConfig):
+    r"""
+    Configuration class for the [`ESTrainer`].
+
+    Subclasses [`~trl.GRPOConfig`], so every GRPO field (generation, vLLM, rewards, logging and
+    [`~transformers.TrainingArguments`]) keeps its name and meaning. Fields that only shape GRPO's loss (`beta`,
+    `epsilon`, `loss_type`, `num_iterations`, ...) are accepted and ignored, with a warning when set.
+
+    One ES step evaluates `population_size` perturbed copies of the model ("members") on the same prompt batch, scores
+    each member by its mean reward, shapes the scores and moves the parameters by
+    `learning_rate * (1/N) * sum_i z_i * eps_i`. The `1/sigma` of the gradient estimate is folded into `learning_rate`
+    (Qiu et al., arXiv 2509.24372).
+
+    Parameters:
+        > Evolution Strategies
+
+        population_size (`int`, *optional*, defaults to `30`):
+            Number of perturbed members evaluated per ES step (N). Smaller populations suffice for larger models
+            (N=16 is within 0.01 reward of N=64 at 1.5B/3B parameters, arXiv 2608.27351).
+        sigma (`float`, *optional*, defaults to `1e-3`):
+            Standard deviation of the Gaussian parameter noise.
+        antithetic (`bool`, *optional*, defaults to `False`):
+            Use mirrored pairs `(+eps, -eps)` (two-point estimator). Requires an even `population_size`. The source
+            paper found no advantage over the one-point estimator on generated answers.
+        fitness_shaping (`str`, *optional*, defaults to `"zscore"`):
+            How member fitness is normalised before the update: `"zscore"` (paper), `"centered_rank"` (OpenAI ES) or
+            `"none"` (mean-centred only). Equal fitness always gives a zero update.
+
+        > Fields whose defaults differ from [`~trl.GRPOConfig`]
+
+        learning_rate (`float`, *optional*, defaults to `5e-4`):
+            ES step size alpha (= sigma / 2 in the anchor paper). The scheduler in `lr_scheduler_type` applies to it.
+        lr_scheduler_type (`str`, *optional*, defaults to `"constant"`):
+            The anchor paper keeps alpha constant.
+        num_generations (`int`, *optional*, defaults to `1`):
+            Completions per prompt for each member. More than one only makes sense with `temperature > 0`.
+        temperature (`float`, *optional*, defaults to `0.0`):
+            Sampling temperature; `0.0` decodes greedily (the anchor paper's choice). With sampling, all members of a
+            step share the same sampling seeds (common random numbers), so fitness differences come from the
+            parameters rather than from sampling luck.
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            Dropout would add noise unrelated to the perturbation to every member's fitness.
+        activation_checkpointing (`bool`, *optional*, defaults to `False`):
+            ES has no backward pass, so there is nothing to checkpoint (TRL turns it on for GRPO).
+        bf16 (`bool`, *optional*, defaults to `False`):
+            Mixed precision has no effect on ES (no backward pass). Members generate in the model's dtype: pass
+            `model_init_kwargs={"dtype": "bfloat16"}` for bf16 generation; the float32 master keeps the update exact.
+    """
+
+    population_size: int = field(
+        default=30,
+        metadata={"help": "Number of perturbed members evaluated per ES step (N)."},
+    )
+    sigma: float = field(
+        default=1e-3,
+        metadata={"help": "Standard deviation of the Gaussian parameter noise."},
+    )
+    antithetic: bool = field(
+        default=False,
+        metadata={"help": "Use mirrored noise pairs (+eps, -eps), the two-point estimator. Needs an even population."},
+    )
+    fitness_shaping: str = field(
+        default="zscore",
+        metadata={
+            "help": "How member fitness is normalised before the update.",
+            "choices": list(FITNESS_SHAPINGS),
+        },
+    )
+
+    # Defaults that differ from GRPOConfig
+    learning_rate: float = field(
+        default=5e-4,
+        metadata={"help": "ES step size alpha (the 1/sigma of the gradient estimate is folded in)."},
+    )
+    lr_scheduler_type: str = field(
+        default="constant",
+        metadata={"help": "Schedule of the ES step size; the anchor paper keeps it constant."},
+    )
+    num_generations: int | None = field(
+        default=1,
+        metadata={"help": "Completions per prompt for each member; more than one needs temperature > 0."},
+    )
+    temperature: float = field(
+        default=0.0,
+        metadata={"help": "Sampling temperature; 0.0 decodes greedily (the anchor paper's choice)."},
+    )
+    disable_dropout: bool = field(
+        default=True,
+        metadata={"help": "Disable dropout, which would add noise unrelated to the perturbation to every fitness."},
+    )
+    activation_checkpointing: bool | None = field(
+        default=False,
+        metadata={"help": "ES has no backward pass, so activation checkpointing only slows generation down."},
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers v5)."},
+    )
+    bf16: bool | None = field(
+        default=False,
+        metadata={
+            "help": "Mixed precision has no effect on ES, which runs no backward pass; choose the precision members "
+            "generate in with `model_init_kwargs={'dtype': 'bfloat16'}`."
+        },
+    )
+
+    def __post_init__(self):
+        self._check_es_fields()
+        self._warn_about_grpo_only_fields()
+        num_generations = self.num_generations
+        if num_generations == 1:
+            self.num_generations = _OneCompletionPerPrompt()
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = num_generations
+        if self.steps_per_generation != self.gradient_accumulation_steps:
+            raise ValueError(
+                f"ESTrainer evaluates one prompt batch per update, so steps_per_generation ({self.steps_per_generation}) "
+                f"must equal gradient_accumulation_steps ({self.gradient_accumulation_steps}). Leave "
+                "`steps_per_generation` and `generation_batch_size` unset."
+            )
+
+    def _check_es_fields(self):
+        if not isinstance(self.population_size, int) or self.population_size < 2:
+            raise ValueError(
+                f"population_size must be an integer >= 2 (ES compares members), got {self.population_size!r}. "
+                "The anchor papers use 16 to 30."
+            )
+        if self.antithetic and self.population_size % 2:
+            raise ValueError(
+                f"antithetic=True pairs members as (+eps, -eps), so population_size must be even; got "
+                f"{self.population_size}. Use {self.population_size + 1} or set antithetic=False."
+            )
+        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"sigma must be a finite number > 0, got {self.sigma!r}. The anchor paper uses 1e-3.")
+        if self.fitness_shaping not in FITNESS_SHAPINGS:
+            raise ValueError(
+                f"Unknown fitness_shaping={self.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
+            )
+        if not math.isfinite(self.learning_rate) or self.learning_rate < 0:
+            raise ValueError(
+                f"learning_rate (the ES step size) must be a finite number >= 0, got {self.learning_rate!r}."
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {self.temperature!r}.")
+        if self.num_generations is None or self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations!r}.")
+        if self.num_generations > 1 and self.temperature == 0:
+            warnings.warn(
+                f"num_generations={self.num_generations} with greedy decoding (temperature=0) produces "
+                f"{self.num_generations} identical completions per prompt. Set temperature > 0 to sample, or "
+                "num_generations=1.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _warn_about_grpo_only_fields(self):
+        ignored = [
+            f"{name}={getattr(self, name)!r}"
+            for name in GRPO_ONLY_FIELDS
+            if getattr(self, name) != _field_default(GRPOConfig, name)
+        ]
+        if ignored:
+            warnings.warn(
+                f"ESTrainer ignores GRPO loss settings: {', '.join(ignored)}. ES has no policy-gradient loss; remove "
+                "them or use GRPOTrainer.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    @classmethod
+    def from_grpo_config(cls, grpo_config: GRPOConfig) -> ESConfig:
+        """Convert a [`~trl.GRPOConfig`] so that an unmodified GRPO script runs with [`ESTrainer`].
+
+        Every field set to a non-default value is carried over, except GRPO's loss settings (meaningless for ES) and
+        `learning_rate`, which is an AdamW step size in GRPO (typically 1e-6) and would freeze ES; the ES defaults
+        apply to those.
+        """
+        skipped = {*GRPO_ONLY_FIELDS, *_DERIVED_FIELDS, "learning_rate"}
+        overrides = {}
+        for spec in dataclasses.fields(GRPOConfig):
+            if not spec.init or spec.name in skipped:
+                continue
+            value = getattr(grpo_config, spec.name)
+            if value != _field_default(GRPOConfig, spec.name):
+                overrides[spec.name] = value
+        return cls(**overrides)

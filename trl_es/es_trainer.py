@@ -1,0 +1,379 @@
+"""ESTrainer: GRPOTrainer's interface, trained with Evolution Strategies instead of a policy gradient."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanstd
+
+from .backends import HFBackend
+from .checkpoint import last_complete_checkpoint, load_es_state, save_es_state
+from .es_config import ESConfig
+from .fitness import shape_fitness, update_coefficients
+from .master import MasterWeights
+from .model_card import es_hyperparameters, generate_es_model_card
+from .noise import population, sampling_seed
+
+
+class ESTrainer(GRPOTrainer):
+    r"""
+    Trainer for Evolution Strategies (ES) post-training of language models, with the interface of [`~trl.GRPOTrainer`].
+
+    Replace `GRPOTrainer` with `ESTrainer` (and `GRPOConfig` with [`ESConfig`]) in a GRPO script and it trains with ES:
+    the constructor, the reward-function contract (`prompts`, `completions`, `completion_ids`, dataset columns,
+    `trainer_state`, `log_metric`, async functions, `None` for "no score", reward models as strings,
+    `reward_weights`), the generation fields and the metric names are GRPO's.
+
+    One ES step (one optimizer step of the `Trainer` loop):
+
+    1. draw `population_size` members `theta + sigma * eps_i`, the noise a pure function of (seed, parameter name,
+       shape);
+    2. every member answers the same prompt batch (`num_generations` completions per prompt, shared sampling seeds);
+    3. a member's fitness is the mean of its completions' weighted rewards; the fitness is shaped (`fitness_shaping`);
+    4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy.
+
+    Only parameters with `requires_grad=True` evolve (with `peft_config`, the adapter). No gradients, optimizer state
+    or activations for backpropagation are kept.
+
+    Example:
+
+    ```python
+    >>> from datasets import load_dataset
+    >>> from trl.rewards import accuracy_reward
+    >>> from trl_es import ESConfig, ESTrainer
+
+    >>> dataset = load_dataset("trl-lib/DeepMath-103K", split="train")
+    >>> trainer = ESTrainer(
+    ...     model="Qwen/Qwen2.5-0.5B-Instruct",
+    ...     reward_funcs=accuracy_reward,
+    ...     args=ESConfig(population_size=30, sigma=1e-3, learning_rate=5e-4),
+    ...     train_dataset=dataset,
+    ... )
+    >>> trainer.train()
+    ```
+
+    Args:
+        model, reward_funcs, train_dataset, eval_dataset, processing_class, reward_processing_classes, callbacks,
+        optimizers, quantization_config, peft_config, rollout_func:
+            As in [`~trl.GRPOTrainer`]. The optimizer is never stepped with gradients; its scheduler sets the ES step
+            size from `args.learning_rate`.
+        args ([`ESConfig`] or [`~trl.GRPOConfig`], *optional*):
+            Configuration. A `GRPOConfig` is converted with [`ESConfig.from_grpo_config`] (with a warning), so an
+            unmodified GRPO script runs after the class swap.
+        tools, environment_factory:
+            Accepted for signature compatibility with [`~trl.GRPOTrainer`]; ES does not support tool calling yet and
+            raises if they are given.
+    """
+
+    _tag_names = ["trl", "trl-es", "es"]
+    _name = "ES"
+    _paper = {
+        "title": "Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning",
+        "id": "2509.24372",
+        "citation": textwrap.dedent("""\
+            @article{qiu2025evolution,
+                title        = {{Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning}},
+                author       = {Xin Qiu and others},
+                year         = 2025,
+                eprint       = {arXiv:2509.24372},
+            }"""),
+    }
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: ESConfig | GRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools: list[Callable] | None = None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
+        args = _as_es_config(args, model)
+        if tools or environment_factory is not None:
+            raise NotImplementedError(
+                "ESTrainer does not support tool calling (`tools`, `environment_factory`) yet. Remove them, or train "
+                "this stage with GRPOTrainer."
+            )
+        if args.use_vllm:
+            raise NotImplementedError(
+                "ESTrainer generates with `model.generate` for now; vLLM generation is not available yet. Set "
+                "`use_vllm=False`."
+            )
+        if args.deepspeed_plugin is not None:
+            raise NotImplementedError(
+                "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
+                "and ZeRO-3 would shard the weights that every member perturbs. Launch without a DeepSpeed config "
+                "(plain `accelerate launch`)."
+            )
+        if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            rollout_func=rollout_func,
+        )
+        # GRPO reuses one generation batch for `num_iterations` updates; ES makes one update per prompt batch.
+        self.num_iterations = 1
+        if args.temperature == 0:
+            self._use_greedy_decoding()
+        self._master: MasterWeights | None = None
+        self._reference: dict[str, torch.Tensor] | None = None
+        self._backend: HFBackend | None = None
+
+    def _use_greedy_decoding(self):
+        greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None}
+        if hasattr(self, "generation_kwargs"):
+            self.generation_kwargs.update(greedy)
+            for key, value in greedy.items():
+                setattr(self.generation_config, key, value)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The ES step
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        # As in `Trainer.training_step`: GRPO's metrics are filed under "train" only while the model is in train mode.
+        model.train()
+        # GRPO's sampler repeats each generation batch `gradient_accumulation_steps` times; the ES step runs on the
+        # first copy and the repeats are the same prompts.
+        if self._step % self.args.gradient_accumulation_steps == 0:
+            start = time.perf_counter()
+            self._es_step(inputs)
+            self._metrics["train"]["step_time"].append(time.perf_counter() - start)
+        self._step += 1
+        # ES has no loss; the Trainer loop needs a tensor, and `log` drops the resulting `loss` entry.
+        return torch.zeros((), device=self.args.device)
+
+    @torch.no_grad()
+    def _es_step(self, inputs: list[dict[str, Any]]) -> None:
+        args = self.args
+        master, backend = self._population_state()
+        members = population(args.seed, self.state.global_step, args.population_size, args.antithetic)
+        prompts = [example["prompt"] for example in inputs]
+        seconds = defaultdict(float)
+
+        rewards_per_member = []
+        try:
+            for member in members:
+                with _timed(seconds, "perturb"):
+                    backend.load_member(member)
+                with _timed(seconds, "generate"):
+                    completions, completion_ids = self._generate_for_member(prompts)
+                with _timed(seconds, "reward"):
+                    rewards_per_member.append(self._calculate_rewards(inputs, prompts, completions, completion_ids))
+        finally:
+            # Whatever happens, the model must hold the centre again: a crash must not leave a member behind.
+            backend.load_center()
+
+        rewards_per_func = torch.stack(rewards_per_member)  # (members, completions, reward functions)
+        completion_rewards = self._weighted_rewards(rewards_per_func)
+        fitness = _member_fitness(completion_rewards, self.reward_func_names)
+        shaped = shape_fitness(fitness, args.fitness_shaping)
+        with _timed(seconds, "update"):
+            update_norm = master.apply_update(
+                update_coefficients(members, shaped), lr=self._get_learning_rate(), weight_decay=args.weight_decay
+            )
+            backend.load_center()
+        self._log_step_metrics(rewards_per_func, completion_rewards, fitness, update_norm, seconds)
+
+    def _generate_for_member(self, prompts: list) -> tuple[list, list[list[int]]]:
+        # Common random numbers: every member of a step samples with the same seed.
+        devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(sampling_seed(self.args.seed, self.state.global_step))
+            _, completion_ids, _, completions, _, _, _, _ = self._generate(prompts)
+        return completions, completion_ids
+
+    def _weighted_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """Per-completion reward with TRL's semantics: NaN (`None`) entries are skipped; a completion that no function
+        scored stays NaN, so it does not count in its member's fitness."""
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights).nansum(dim=-1)
+        rewards[torch.isnan(rewards_per_func).all(dim=-1)] = torch.nan
+        return rewards
+
+    def _population_state(self) -> tuple[MasterWeights, HFBackend]:
+        if self._master is None:
+            parameters = self._evolving_parameters()
+            self._master = MasterWeights(parameters)
+            self._reference = {name: param.detach().to("cpu", copy=True) for name, param in parameters.items()}
+        if self._backend is None:
+            self._backend = HFBackend(self._evolving_parameters(), self._master, self.args.sigma)
+        return self._master, self._backend
+
+    def _evolving_parameters(self) -> dict[str, torch.nn.Parameter]:
+        parameters = {name: param for name, param in self.model.named_parameters() if param.requires_grad}
+        if not parameters:
+            raise ValueError(
+                "The model has no parameter with requires_grad=True, so ES has nothing to evolve. Unfreeze the "
+                "parameters to train, or pass a `peft_config`."
+            )
+        return parameters
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Logging
+
+    def _log_step_metrics(self, rewards_per_func, completion_rewards, fitness, update_norm, seconds) -> None:
+        metrics = self._metrics["train"]
+        for index, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[..., index]).item())
+            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[..., index].flatten()).item())
+        metrics["reward"].append(torch.nanmean(completion_rewards).item())
+        metrics["reward_std"].append(nanstd(completion_rewards.flatten()).item())
+        metrics["es/fitness/mean"].append(fitness.mean().item())
+        metrics["es/fitness/std"].append(fitness.std(unbiased=False).item())
+        metrics["es/fitness/min"].append(fitness.min().item())
+        metrics["es/fitness/max"].append(fitness.max().item())
+        metrics["es/update_norm"].append(update_norm)
+        for phase in ("perturb", "generate", "reward", "update"):
+            metrics[f"es/time/{phase}"].append(seconds[phase])
+        for name, values in self._pending_metrics.items():  # from reward functions' `log_metric`
+            metrics[name].append(sum(values) / len(values))
+        self._pending_metrics.clear()
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training and self._master is not None and self._metrics["train"]:
+            self._metrics["train"]["es/param_distance"].append(self._master.relative_distance(self._reference))
+        # ES has neither a loss nor gradients: drop the Trainer's placeholders instead of logging zeros.
+        for key in ("loss", "grad_norm", "train_loss"):
+            logs.pop(key, None)
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Evaluation: the centre model, scored like GRPO scores it (eval_reward, eval_rewards/*, completions/*)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        with torch.no_grad():
+            self._generate_and_score_completions(inputs)
+        return None, None, None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """As [`~transformers.Trainer.train`]; `resume_from_checkpoint=True` picks the last *complete* checkpoint, so
+        one that a crash left half-written is skipped."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"No complete checkpoint found in output_dir={self.args.output_dir!r}. Train without "
+                    "`resume_from_checkpoint`, or point it at a checkpoint directory."
+                )
+        # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
+        self._master = self._reference = self._backend = None
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # Written before `trainer_state.json`, which the Trainer writes last: a checkpoint with a Trainer state always
+        # has its ES state.
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save and self._master is not None:
+            parameters = self._evolving_parameters()
+            save_es_state(
+                output_dir,
+                master=self._master.state_dict(),
+                parameter_dtypes={name: param.dtype for name, param in parameters.items()},
+                reference=self._reference,
+                metadata={"global_step": self.state.global_step, **es_hyperparameters(self.args)},
+            )
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        lossy_masters, reference, metadata = load_es_state(checkpoint)
+        for name in ("population_size", "sigma", "antithetic", "fitness_shaping", "seed"):
+            if metadata.get(name) != getattr(self.args, name):
+                warnings.warn(
+                    f"Resuming from {checkpoint}, written with {name}={metadata.get(name)!r}, with "
+                    f"{name}={getattr(self.args, name)!r}: the run will not continue the original one exactly.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        # The model already holds the checkpoint's weights: they are the master wherever they are float32.
+        master, _ = self._population_state()
+        master.load_state_dict({**master.state_dict(), **lossy_masters})
+        self._reference = reference
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Write `README.md` in `output_dir`: TRL's model card with the ES hyperparameters and papers."""
+        if not self.is_world_process_zero():
+            return
+        model_id = getattr(self.model.config, "_name_or_path", None)
+        base_model = model_id if model_id and not Path(model_id).is_dir() else None
+        tags = {tags} if isinstance(tags, str) else set(tags or ())
+        card = generate_es_model_card(
+            base_model=base_model,
+            model_name=model_name or Path(self.args.output_dir).name,
+            hub_model_id=self.hub_model_id,
+            dataset_name=dataset_name,
+            tags=sorted(tags | set(self._tag_names)),
+            hyperparameters=es_hyperparameters(self.args),
+        )
+        card.save(Path(self.args.output_dir) / "README.md")
+
+
+def _as_es_config(args, model) -> ESConfig:
+    if isinstance(args, ESConfig):
+        return args
+    if args is None:
+        model_name = model if isinstance(model, str) else model.config._name_or_path
+        return ESConfig(f"{Path(str(model_name)).name}-ES")
+    if isinstance(args, GRPOConfig):
+        es_args = ESConfig.from_grpo_config(args)
+        warnings.warn(
+            "ESTrainer got a GRPOConfig and converted it to an ESConfig: GRPO's loss settings are ignored and ES "
+            f"defaults apply to population_size={es_args.population_size}, sigma={es_args.sigma} and the ES step "
+            f"size learning_rate={es_args.learning_rate} (GRPO's learning_rate={args.learning_rate} is an AdamW step "
+            "size). Pass an ESConfig to choose them.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return es_args
+    raise TypeError(f"args must be an ESConfig or a GRPOConfig, got {type(args).__name__}.")
+
+
+def _member_fitness(completion_rewards: torch.Tensor, reward_func_names: list[str]) -> torch.Tensor:
+    """Mean scored reward per member; a member none of whose completions was scored gets the population mean."""
+    if torch.isnan(completion_rewards).all():
+        raise ValueError(
+            f"Every reward function ({', '.join(reward_func_names)}) returned None for every completion of every "
+            "member, so ES has no fitness to compare. Make at least one reward function score these prompts."
+        )
+    fitness = torch.nanmean(completion_rewards, dim=1)
+    return torch.where(torch.isnan(fitness), torch.nanmean(fitness), fitness)
+
+
+@contextmanager
+def _timed(seconds: dict[str, float], phase: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[phase] += time.perf_counter() - start

@@ -1,0 +1,82 @@
+"""Model cards for ES checkpoints: TRL's card, with the ES hyperparameters and the ES papers."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from huggingface_hub import ModelCard, ModelCardData
+
+TEMPLATE_NAME = "es_model_card.md"
+
+# The ES fields and the generation fields that decide what a member is scored on.
+CARD_HYPERPARAMETERS = (
+    "population_size",
+    "sigma",
+    "learning_rate",
+    "lr_scheduler_type",
+    "antithetic",
+    "fitness_shaping",
+    "weight_decay",
+    "num_generations",
+    "temperature",
+    "max_completion_length",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "num_train_epochs",
+    "seed",
+)
+
+
+def template_path() -> Path:
+    """The card template: shipped inside the wheel, or in the repository's `model_cards/` for a source checkout."""
+    packaged = Path(__file__).parent / "model_cards" / TEMPLATE_NAME
+    return packaged if packaged.is_file() else Path(__file__).parents[1] / "model_cards" / TEMPLATE_NAME
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def es_hyperparameters(args) -> dict[str, object]:
+    """The card's hyperparameter table, read from an `ESConfig`."""
+    return {name: getattr(args, name) for name in CARD_HYPERPARAMETERS}
+
+
+def generate_es_model_card(
+    *,
+    base_model: str | None,
+    model_name: str,
+    hub_model_id: str | None,
+    dataset_name: str | None,
+    tags: list[str],
+    hyperparameters: dict[str, object],
+    wandb_url: str | None = None,
+    trackio_url: str | None = None,
+) -> ModelCard:
+    card_data = ModelCardData(
+        base_model=base_model,
+        datasets=dataset_name,
+        library_name="transformers",
+        model_name=model_name,
+        tags=["generated_from_trainer", *tags],
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path()),
+        base_model=base_model,
+        model_name=model_name,
+        hub_model_id=hub_model_id or model_name,
+        dataset_name=dataset_name,
+        wandb_url=wandb_url,
+        trackio_url=trackio_url,
+        hyperparameters=hyperparameters,
+        trl_es_version=_version("trl-es"),
+        trl_version=_version("trl"),
+        transformers_version=_version("transformers"),
+        pytorch_version=_version("torch"),
+    )
