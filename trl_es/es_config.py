@@ -48,8 +48,8 @@ GRPO_ONLY_FIELDS = (
     "multi_objective_aggregation",
 )
 
-# Fields that GRPOConfig derives in __post_init__; copying them from a finished GRPOConfig would set both at once.
-_DERIVED_FIELDS = ("generation_batch_size",)
+# Fields that GRPOConfig.__post_init__ fills in from others: their values are GRPO's choice, not the user's.
+_DERIVED_FIELDS = ("generation_batch_size", "activation_checkpointing", "gradient_checkpointing")
 
 
 def _field_default(config_class: type, name: str):
@@ -251,7 +251,8 @@ class ESConfig(GRPOConfig):
 
         Every field set to a non-default value is carried over, except GRPO's loss settings (meaningless for ES) and
         `learning_rate`, which is an AdamW step size in GRPO (typically 1e-6) and would freeze ES; the ES defaults
-        apply to those.
+        apply to those. A GRPO group (`num_generations > 1`) keeps GRPO's sampling temperature, since greedy decoding
+        would make its completions identical.
         """
         skipped = {*GRPO_ONLY_FIELDS, *_DERIVED_FIELDS, "learning_rate"}
         overrides = {}
@@ -261,4 +262,7 @@ class ESConfig(GRPOConfig):
             value = getattr(grpo_config, spec.name)
             if value != _field_default(GRPOConfig, spec.name):
                 overrides[spec.name] = value
+        if overrides.get("num_generations", 1) > 1:
+            # Several completions per prompt only differ when sampled: keep GRPO's sampling temperature for them.
+            overrides.setdefault("temperature", grpo_config.temperature)
         return cls(**overrides)

@@ -22,6 +22,7 @@ from .fitness import shape_fitness, update_coefficients
 from .master import MasterWeights
 from .model_card import es_hyperparameters, generate_es_model_card
 from .noise import population, sampling_seed
+from .sampler import EpochSeededRepeatSampler
 
 
 class ESTrainer(GRPOTrainer):
@@ -152,6 +153,17 @@ class ESTrainer(GRPOTrainer):
             self.generation_kwargs.update(greedy)
             for key, value in greedy.items():
                 setattr(self.generation_config, key, value)
+
+    def _get_train_sampler(self, dataset=None):
+        grpo_sampler = super()._get_train_sampler(dataset)
+        return EpochSeededRepeatSampler(
+            data_source=grpo_sampler.data_source,
+            mini_repeat_count=grpo_sampler.mini_repeat_count,
+            batch_size=grpo_sampler.batch_size,
+            repeat_count=grpo_sampler.repeat_count,
+            shuffle=grpo_sampler.shuffle,
+            seed=grpo_sampler.seed,
+        )
 
     # ------------------------------------------------------------------------------------------------------------
     # The ES step

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny models and datasets built locally once per test session (nothing is downloaded)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+from trl_es import ESConfig  # noqa: E402
+from trl_es.tiny_model import save_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A tiny Qwen2 with the standard initialisation (near-uniform outputs) and a chat template."""
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2")))
+
+
+@pytest.fixture(scope="session")
+def peaked_model_path(tmp_path_factory):
+    """A tiny Qwen2 initialised with a larger scale, so its sampled outputs depend visibly on the weights."""
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-peaked"), initializer_range=0.3))
+
+
+@pytest.fixture(scope="session")
+def no_chat_template_model_path(tmp_path_factory):
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-no-template"), chat_template=False))
+
+
+@pytest.fixture
+def prompts():
+    return Dataset.from_dict(
+        {
+            "prompt": [f"Item {k}:" for k in range(8)],
+            "answer": [str(k) for k in range(8)],
+        }
+    )
+
+
+@pytest.fixture
+def conversational_prompts():
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Count to {k}."}] for k in range(8)]})
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    """ESConfig for fast CPU tests: small population, short completions, no logging integrations."""
+
+    def make(**overrides):
+        defaults = dict(
+            output_dir=str(tmp_path / "run"),
+            population_size=4,
+            per_device_train_batch_size=4,
+            max_completion_length=6,
+            max_steps=2,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            disable_tqdm=True,
+            use_cpu=True,
+        )
+        return ESConfig(**{**defaults, **overrides})
+
+    return make

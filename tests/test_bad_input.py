@@ -1,0 +1,89 @@
+"""Bad input gets a clear error that names the problem and the fix."""
+
+import pytest
+from datasets import Dataset
+from trl import GRPOConfig
+
+from trl_es import ESTrainer
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def test_empty_dataset(tiny_model_path, make_config):
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        ESTrainer(
+            model=tiny_model_path,
+            reward_funcs=length_reward,
+            args=make_config(),
+            train_dataset=Dataset.from_dict({"prompt": []}),
+        )
+
+
+def test_conversational_prompts_without_a_chat_template(no_chat_template_model_path, conversational_prompts, make_config):
+    trainer = ESTrainer(
+        model=no_chat_template_model_path,
+        reward_funcs=length_reward,
+        args=make_config(),
+        train_dataset=conversational_prompts,
+    )
+    with pytest.raises(ValueError, match="chat_template"):
+        trainer.train()
+
+
+def test_a_reward_function_that_raises_propagates_its_error(tiny_model_path, prompts, make_config):
+    def broken(completions, **kwargs):
+        raise KeyError("answer")
+
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=broken, args=make_config(), train_dataset=prompts)
+    with pytest.raises(KeyError, match="answer"):
+        trainer.train()
+
+
+def test_tool_calling_is_refused_with_the_alternative(tiny_model_path, prompts, make_config):
+    def calculator(expression: str) -> str:
+        """Evaluate an expression.
+
+        Args:
+            expression: The expression.
+        """
+        return expression
+
+    with pytest.raises(NotImplementedError, match="GRPOTrainer"):
+        ESTrainer(
+            model=tiny_model_path,
+            reward_funcs=length_reward,
+            args=make_config(),
+            train_dataset=prompts,
+            tools=[calculator],
+        )
+
+
+def test_args_of_the_wrong_type(tiny_model_path, prompts):
+    with pytest.raises(TypeError, match="ESConfig or a GRPOConfig, got dict"):
+        ESTrainer(model=tiny_model_path, reward_funcs=length_reward, args={"sigma": 0.1}, train_dataset=prompts)
+
+
+def test_an_unmodified_grpo_script_runs_after_the_class_swap(tmp_path, tiny_model_path, prompts):
+    # A GRPO script: GRPOConfig with GRPO settings, only the trainer class swapped.
+    training_args = GRPOConfig(
+        output_dir=str(tmp_path / "grpo-script"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        learning_rate=1e-6,
+        beta=0.04,
+        max_steps=1,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+    )
+    with pytest.warns(UserWarning, match="converted it to an ESConfig"):
+        trainer = ESTrainer(
+            model=tiny_model_path, reward_funcs=length_reward, args=training_args, train_dataset=prompts
+        )
+    trainer.args.population_size = 4  # keep the test fast; the script itself is unchanged
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert trainer.args.learning_rate == 5e-4

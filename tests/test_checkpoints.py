@@ -1,0 +1,125 @@
+"""Checkpoints are Hugging Face format, resume continues the same run bit for bit, and failures lose nothing."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from trl_es import ESTrainer
+from trl_es.checkpoint import last_complete_checkpoint
+
+
+def digit_reward(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def resumable_config(make_config, **overrides):
+    # Sampling with a visible sigma: every step changes the weights, so a resume that diverged would show.
+    defaults = dict(sigma=0.05, learning_rate=0.01, temperature=1.0, max_steps=4, save_strategy="steps", save_steps=2)
+    return make_config(**{**defaults, **overrides})
+
+
+def weights(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def assert_bitwise_equal(first, second):
+    assert first.keys() == second.keys()
+    different = [name for name in first if not torch.equal(first[name], second[name])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+# 8 prompts in batches of 4: checkpoint-2 ends an epoch, checkpoint-3 is mid-epoch.
+@pytest.mark.parametrize(("dtype", "resume_step"), [("float32", 3), ("bfloat16", 2)])
+def test_resume_continues_the_run_bit_for_bit(tiny_model_path, prompts, make_config, dtype, resume_step):
+    config = resumable_config(make_config, save_steps=resume_step, model_init_kwargs={"dtype": dtype})
+    uninterrupted = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    uninterrupted.train()
+
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / f"checkpoint-{resume_step}"))
+
+    assert resumed.state.global_step == 4
+    assert_bitwise_equal(weights(uninterrupted.model), weights(resumed.model))
+    assert_bitwise_equal(uninterrupted._master.tensors, resumed._master.tensors)
+    first_log = [h for h in uninterrupted.state.log_history if h.get("step") == 4 and "reward" in h][0]
+    resumed_log = [h for h in resumed.state.log_history if h.get("step") == 4 and "reward" in h][0]
+    assert first_log["reward"] == resumed_log["reward"]
+    assert first_log["es/param_distance"] == resumed_log["es/param_distance"]  # measured from the run's start
+
+
+def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_model_path, prompts, make_config):
+    config = resumable_config(make_config, max_steps=2, model_init_kwargs={"dtype": "bfloat16"})
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts).train()
+    checkpoint = Path(config.output_dir) / "checkpoint-2"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert model.dtype == torch.bfloat16
+    master = load_file(checkpoint / "es_state" / "master.safetensors")
+    assert master and all(t.dtype == torch.float32 for t in master.values())
+    for name, param in model.named_parameters():
+        assert torch.equal(master[name].to(torch.bfloat16), param.detach()), name  # saved weights = cast(master)
+    metadata = json.loads((checkpoint / "es_state" / "es_state.json").read_text())
+    assert metadata["global_step"] == 2 and metadata["population_size"] == 4
+
+
+def test_resume_true_skips_a_half_written_checkpoint(tiny_model_path, prompts, make_config):
+    config = resumable_config(make_config)
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts).train()
+    output = Path(config.output_dir)
+    half_written = output / "checkpoint-6"
+    shutil.copytree(output / "checkpoint-4", half_written)
+    (half_written / "trainer_state.json").unlink()  # as if the process died while saving
+    assert last_complete_checkpoint(output) == str(output / "checkpoint-4")
+
+
+def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(
+    tiny_model_path, prompts, make_config
+):
+    config = resumable_config(make_config)
+    calls = {"count": 0}
+
+    def fails_in_step_three(completions, **kwargs):
+        calls["count"] += 1
+        if calls["count"] == 2 * config.population_size + 2:  # the second member of step 3
+            raise RuntimeError("reward server went away")
+        return digit_reward(completions)
+
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=fails_in_step_three, args=config, train_dataset=prompts)
+    with pytest.raises(RuntimeError, match="reward server went away"):
+        trainer.train()
+    # The model holds the centre (the master), not the member that was being evaluated.
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param.detach(), trainer._master.tensors[name]), name
+    assert last_complete_checkpoint(config.output_dir) == str(Path(config.output_dir) / "checkpoint-2")
+
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    resumed.train(resume_from_checkpoint=True)
+    uninterrupted_config = resumable_config(make_config, output_dir=str(Path(config.output_dir).parent / "clean"))
+    uninterrupted = ESTrainer(
+        model=tiny_model_path, reward_funcs=digit_reward, args=uninterrupted_config, train_dataset=prompts
+    )
+    uninterrupted.train()
+    assert_bitwise_equal(weights(uninterrupted.model), weights(resumed.model))
+
+
+def test_resume_true_without_checkpoints_says_so(tiny_model_path, prompts, make_config):
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=make_config(), train_dataset=prompts)
+    with pytest.raises(ValueError, match="No complete checkpoint found"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_save_model_writes_an_es_model_card(tiny_model_path, prompts, make_config):
+    config = make_config(max_steps=1)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    trainer.train()
+    trainer.save_model()
+    trainer.create_model_card(model_name="tiny-es")
+    card = (Path(config.output_dir) / "README.md").read_text()
+    assert AutoModelForCausalLM.from_pretrained(config.output_dir) is not None
+    for expected in ("tiny-es", "| `population_size` | `4` |", "| `sigma` | `0.001` |", "2509.24372", "2608.27351"):
+        assert expected in card, expected
+    assert "trl-es" in card and "tags:" in card

@@ -1,0 +1,106 @@
+import dataclasses
+import warnings
+
+import pytest
+from trl import GRPOConfig
+
+from trl_es import ESConfig
+from trl_es.es_config import GRPO_ONLY_FIELDS
+
+
+def test_es_defaults_follow_the_anchor_paper(tmp_path):
+    config = ESConfig(str(tmp_path))
+    assert (config.population_size, config.sigma, config.learning_rate) == (30, 1e-3, 5e-4)
+    assert config.antithetic is False and config.fitness_shaping == "zscore"
+    assert config.num_generations == 1 and config.temperature == 0.0  # greedy, one completion per prompt
+    assert config.lr_scheduler_type == "constant"
+
+
+def test_is_a_grpo_config_so_every_grpo_field_is_accepted(tmp_path):
+    config = ESConfig(str(tmp_path), max_completion_length=32, top_p=0.9, reward_weights=[1.0], vllm_mode="colocate")
+    assert isinstance(config, GRPOConfig)
+    grpo_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert grpo_fields <= {f.name for f in dataclasses.fields(ESConfig)}
+
+
+def test_es_fields_have_help_and_docstring_entries():
+    for name in ("population_size", "sigma", "antithetic", "fitness_shaping", "learning_rate"):
+        spec = ESConfig.__dataclass_fields__[name]
+        assert spec.metadata.get("help"), name
+        assert f"{name} (`" in ESConfig.__doc__, name
+
+
+def test_grpo_only_fields_exist_in_grpo_config():
+    assert set(GRPO_ONLY_FIELDS) <= set(GRPOConfig.__dataclass_fields__)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"population_size": 1}, "population_size must be an integer >= 2 .*got 1"),
+        ({"population_size": 5, "antithetic": True}, "must be even; got 5"),
+        ({"sigma": 0.0}, "sigma must be a finite number > 0, got 0.0"),
+        ({"sigma": -1e-3}, "got -0.001"),
+        ({"fitness_shaping": "softmax"}, "Unknown fitness_shaping='softmax'; use one of zscore"),
+        ({"learning_rate": -1.0}, "learning_rate .* got -1.0"),
+        ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"num_generations": 0}, "num_generations must be >= 1, got 0"),
+        ({"steps_per_generation": 2}, "steps_per_generation \\(2\\) must equal gradient_accumulation_steps \\(1\\)"),
+    ],
+)
+def test_invalid_values_fail_at_construction_naming_the_value(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ESConfig(str(tmp_path), **overrides)
+
+
+def test_one_completion_per_prompt_is_valid_with_any_batch_size(tmp_path):
+    config = ESConfig(str(tmp_path), per_device_train_batch_size=3, num_generations=1)
+    assert config.num_generations == 1 and config.generation_batch_size == 3
+
+
+def test_several_completions_must_divide_the_generation_batch(tmp_path):
+    with pytest.raises(ValueError, match="divisible by num_generations"):
+        ESConfig(str(tmp_path), per_device_train_batch_size=3, num_generations=2, temperature=1.0)
+
+
+def test_grpo_loss_fields_warn_that_es_ignores_them(tmp_path):
+    with pytest.warns(UserWarning, match="ignores GRPO loss settings: beta=0.04, loss_type='grpo'"):
+        ESConfig(str(tmp_path), beta=0.04, loss_type="grpo")
+
+
+def test_default_config_does_not_warn(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ESConfig(str(tmp_path))
+
+
+def test_greedy_decoding_with_several_completions_warns(tmp_path):
+    with pytest.warns(UserWarning, match="identical completions"):
+        ESConfig(str(tmp_path), num_generations=2, per_device_train_batch_size=4)
+
+
+def test_from_grpo_config_keeps_user_settings_but_not_the_adamw_learning_rate(tmp_path):
+    grpo = GRPOConfig(
+        str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        temperature=0.7,
+        max_completion_length=32,
+        learning_rate=1e-6,
+        beta=0.1,
+        bf16=False,
+        logging_steps=3,
+    )
+    config = ESConfig.from_grpo_config(grpo)
+    assert isinstance(config, ESConfig)
+    assert (config.num_generations, config.temperature, config.max_completion_length) == (4, 0.7, 32)
+    assert config.logging_steps == 3 and config.output_dir == str(tmp_path)
+    assert config.learning_rate == 5e-4  # ES step size, not GRPO's AdamW rate
+    assert config.beta == ESConfig.__dataclass_fields__["beta"].default
+    assert config.activation_checkpointing is False  # GRPO's default, pointless without a backward pass
+
+
+def test_from_grpo_config_keeps_sampling_for_a_grpo_group(tmp_path):
+    grpo = GRPOConfig(str(tmp_path), per_device_train_batch_size=4, num_generations=4, bf16=False)
+    config = ESConfig.from_grpo_config(grpo)
+    assert config.num_generations == 4 and config.temperature == grpo.temperature == 1.0
