@@ -21,7 +21,9 @@ def test_empty_dataset(tiny_model_path, make_config):
         )
 
 
-def test_conversational_prompts_without_a_chat_template(no_chat_template_model_path, conversational_prompts, make_config):
+def test_conversational_prompts_without_a_chat_template(
+    no_chat_template_model_path, conversational_prompts, make_config
+):
     trainer = ESTrainer(
         model=no_chat_template_model_path,
         reward_funcs=length_reward,

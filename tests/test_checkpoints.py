@@ -76,9 +76,7 @@ def test_resume_true_skips_a_half_written_checkpoint(tiny_model_path, prompts, m
     assert last_complete_checkpoint(output) == str(output / "checkpoint-4")
 
 
-def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(
-    tiny_model_path, prompts, make_config
-):
+def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(tiny_model_path, prompts, make_config):
     config = resumable_config(make_config)
     calls = {"count": 0}
 

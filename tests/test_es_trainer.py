@@ -33,7 +33,9 @@ def test_accepts_every_grpo_trainer_parameter_by_name():
 def test_model_given_as_path_or_object(tiny_model_path, prompts, make_config):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     for source in (tiny_model_path, model):
-        trainer = ESTrainer(model=source, reward_funcs=length_reward, args=make_config(max_steps=1), train_dataset=prompts)
+        trainer = ESTrainer(
+            model=source, reward_funcs=length_reward, args=make_config(max_steps=1), train_dataset=prompts
+        )
         trainer.train()
         assert trainer.state.global_step == 1
 
@@ -87,9 +89,7 @@ def test_one_step_applies_lr_times_mean_of_shaped_fitness_times_noise(tiny_model
     z = shape_fitness(fitness, "zscore")
     assert z.abs().sum() > 0, "the members must differ for this test to check anything"
     for name, param in trainer.model.named_parameters():
-        direction = sum(
-            (z[i].item() / 4) * parameter_noise(m.seed, name, param.shape) for i, m in enumerate(members)
-        )
+        direction = sum((z[i].item() / 4) * parameter_noise(m.seed, name, param.shape) for i, m in enumerate(members))
         assert torch.allclose(param, before[name] + 0.01 * direction, atol=1e-6), name
     assert update_coefficients(members, z)  # same coefficients the trainer used, by construction
 

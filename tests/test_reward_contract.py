@@ -105,7 +105,9 @@ def test_wrong_number_of_rewards_is_a_clear_error(tiny_model_path, prompts, make
 def test_reward_model_given_as_a_path(tmp_path, tiny_model_path, prompts, make_config):
     reward_model_path = tmp_path / "reward-model"
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1).save_pretrained(reward_model_path)
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1).save_pretrained(
+        reward_model_path
+    )
     AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(reward_model_path)
     trainer = ESTrainer(
         model=tiny_model_path,

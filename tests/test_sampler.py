@@ -16,4 +16,3 @@ def test_each_epoch_order_depends_only_on_seed_and_epoch():
     assert list(resumed) == orders[2]
     assert orders[0] != orders[1] != orders[2]
     assert sorted(orders[1]) == list(range(12))
-

@@ -66,9 +66,7 @@ def run_demo(
         seed=seed,
         use_cpu=True,
     )
-    trainer = ESTrainer(
-        model=str(model_path), reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(64)
-    )
+    trainer = ESTrainer(model=str(model_path), reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(64))
     trainer.train()
     trainer.save_model()
 

@@ -192,8 +192,8 @@ class ESConfig(GRPOConfig):
             self.num_generations = num_generations
         if self.steps_per_generation != self.gradient_accumulation_steps:
             raise ValueError(
-                f"ESTrainer evaluates one prompt batch per update, so steps_per_generation ({self.steps_per_generation}) "
-                f"must equal gradient_accumulation_steps ({self.gradient_accumulation_steps}). Leave "
+                "ESTrainer evaluates one prompt batch per update, so steps_per_generation "
+                f"({self.steps_per_generation}) must equal gradient_accumulation_steps ({self.gradient_accumulation_steps}). Leave "
                 "`steps_per_generation` and `generation_batch_size` unset."
             )
 

@@ -1,0 +1,51 @@
+"""ES on an offline toy task: a tiny locally built Qwen2 learns to write digits.
+
+Runs anywhere, without the Hub (the model and tokenizer are built on the spot):
+
+    accelerate launch examples/es_digits.py --output_dir es-digits --use_cpu
+
+Every `ESConfig` (and so `GRPOConfig`) field is a flag, e.g. `--population_size 16 --sigma 0.1 --learning_rate 0.05`.
+"""
+
+from dataclasses import dataclass, field
+
+from trl import TrlParser
+
+from trl_es import ESConfig, ESTrainer
+from trl_es.demo import DEMO_INITIALIZER_RANGE
+from trl_es.tiny_model import save_tiny_model
+from trl_es.toy_task import digit_fraction, digit_prompts
+
+
+@dataclass
+class ScriptArguments:
+    num_prompts: int = field(default=64, metadata={"help": "Number of training prompts."})
+
+
+def main(script_args: ScriptArguments, training_args: ESConfig):
+    model_path = save_tiny_model(f"{training_args.output_dir}/base-model", initializer_range=DEMO_INITIALIZER_RANGE)
+    trainer = ESTrainer(
+        model=str(model_path),
+        reward_funcs=digit_fraction,
+        args=training_args,
+        train_dataset=digit_prompts(script_args.num_prompts),
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+
+
+if __name__ == "__main__":
+    parser = TrlParser((ScriptArguments, ESConfig))
+    # Settings that suit this toy task (see trl_es/demo.py); every one can be overridden by a flag.
+    parser.set_defaults(
+        population_size=16,
+        sigma=0.1,
+        learning_rate=0.05,
+        temperature=1.0,
+        per_device_train_batch_size=16,
+        max_completion_length=16,
+        max_steps=60,
+        report_to="none",
+    )
+    script_args, training_args = parser.parse_args_and_config()
+    main(script_args, training_args)
