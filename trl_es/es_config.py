@@ -193,8 +193,8 @@ class ESConfig(GRPOConfig):
         if self.steps_per_generation != self.gradient_accumulation_steps:
             raise ValueError(
                 "ESTrainer evaluates one prompt batch per update, so steps_per_generation "
-                f"({self.steps_per_generation}) must equal gradient_accumulation_steps ({self.gradient_accumulation_steps}). Leave "
-                "`steps_per_generation` and `generation_batch_size` unset."
+                f"({self.steps_per_generation}) must equal gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}). Leave `steps_per_generation` and `generation_batch_size` unset"
             )
 
     def _check_es_fields(self):
