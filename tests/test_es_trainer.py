@@ -164,3 +164,31 @@ def test_peft_evolves_only_the_adapter(tiny_model_path, prompts, make_config):
     changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
     assert changed, "the adapter should move"
     assert all("lora_" in name for name in changed)
+
+
+def test_evaluate_scores_the_centre_model_without_moving_it(tiny_model_path, prompts, make_config):
+    trainer = ESTrainer(
+        model=tiny_model_path,
+        reward_funcs=length_reward,
+        args=make_config(max_steps=1, per_device_eval_batch_size=4),
+        train_dataset=prompts,
+        eval_dataset=prompts,
+    )
+    trainer.train()
+    before = snapshot(trainer.model)
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward"] > 0 and "eval_rewards/length_reward/mean" in metrics
+    assert "eval_loss" not in metrics  # ES has no loss to report
+    assert all(torch.equal(p, before[name]) for name, p in trainer.model.named_parameters())
+
+
+def test_log_completions_records_the_best_member_of_the_step(tiny_model_path, prompts, make_config):
+    pandas = pytest.importorskip("pandas")
+    config = make_config(max_steps=1, log_completions=True, sigma=0.5, temperature=1.0)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=length_reward, args=config, train_dataset=prompts)
+    trainer.train()
+    table = pandas.read_parquet(f"{config.output_dir}/completions/completions_00001.parquet")
+    assert len(table) == 4  # the prompts of one step, answered by one member
+    best_fitness = trainer.state.log_history[0]["es/fitness/max"]
+    assert table["length_reward"].mean() == pytest.approx(best_fitness)
+    assert (table["advantage"] > 0).all()  # the best member's shaped fitness

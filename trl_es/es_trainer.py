@@ -8,10 +8,12 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
@@ -189,20 +191,17 @@ class ESTrainer(GRPOTrainer):
         prompts = [example["prompt"] for example in inputs]
         seconds = defaultdict(float)
 
-        rewards_per_member = []
+        evaluations = []
         try:
             for member in members:
                 with _timed(seconds, "perturb"):
                     backend.load_member(member)
-                with _timed(seconds, "generate"):
-                    completions, completion_ids = self._generate_for_member(prompts)
-                with _timed(seconds, "reward"):
-                    rewards_per_member.append(self._calculate_rewards(inputs, prompts, completions, completion_ids))
-        finally:
-            # Whatever happens, the model must hold the centre again: a crash must not leave a member behind.
-            backend.load_center()
+                evaluations.append(self._evaluate_member(inputs, prompts, seconds))
+        except BaseException:
+            backend.load_center()  # a failed step must not leave a member's weights in the model
+            raise
 
-        rewards_per_func = torch.stack(rewards_per_member)  # (members, completions, reward functions)
+        rewards_per_func = torch.stack([e.rewards_per_func for e in evaluations])  # (members, completions, funcs)
         completion_rewards = self._weighted_rewards(rewards_per_func)
         fitness = _member_fitness(completion_rewards, self.reward_func_names)
         shaped = shape_fitness(fitness, args.fitness_shaping)
@@ -212,6 +211,18 @@ class ESTrainer(GRPOTrainer):
             )
             backend.load_center()
         self._log_step_metrics(rewards_per_func, completion_rewards, fitness, update_norm, seconds)
+        best = int(torch.argmax(fitness))
+        self._log_completions_of(prompts, evaluations[best], shaped[best].item())
+
+    def _evaluate_member(self, inputs, prompts, seconds) -> _MemberEvaluation:
+        """Generate with the weights currently loaded and score the completions."""
+        with _timed(seconds, "generate"):
+            completions, completion_ids = self._generate_for_member(prompts)
+        with _timed(seconds, "reward"):
+            rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
+        extra_logs = dict(self._pending_extra_logs)  # columns that reward functions logged for this member
+        self._pending_extra_logs.clear()
+        return _MemberEvaluation(completions, rewards_per_func, extra_logs)
 
     def _generate_for_member(self, prompts: list) -> tuple[list, list[list[int]]]:
         # Common random numbers: every member of a step samples with the same seed.
@@ -230,12 +241,12 @@ class ESTrainer(GRPOTrainer):
         return rewards
 
     def _population_state(self) -> tuple[MasterWeights, HFBackend]:
+        """The master and the backend, created from the model's current weights at the first step of a run."""
         if self._master is None:
             parameters = self._evolving_parameters()
             self._master = MasterWeights(parameters)
             self._reference = {name: param.detach().to("cpu", copy=True) for name, param in parameters.items()}
-        if self._backend is None:
-            self._backend = HFBackend(self._evolving_parameters(), self._master, self.args.sigma)
+            self._backend = HFBackend(parameters, self._master, self.args.sigma)
         return self._master, self._backend
 
     def _evolving_parameters(self) -> dict[str, torch.nn.Parameter]:
@@ -267,6 +278,17 @@ class ESTrainer(GRPOTrainer):
         for name, values in self._pending_metrics.items():  # from reward functions' `log_metric`
             metrics[name].append(sum(values) / len(values))
         self._pending_metrics.clear()
+
+    def _log_completions_of(self, prompts, evaluation: _MemberEvaluation, shaped_fitness: float) -> None:
+        """Fill GRPO's completion table (`log_completions`) with the step's best member; its "advantage" column holds
+        that member's shaped fitness."""
+        self._logs["prompt"].extend(gather_object(prompts))
+        self._logs["completion"].extend(gather_object(evaluation.completions))
+        for index, name in enumerate(self.reward_func_names):
+            self._logs["rewards"][name].extend(evaluation.rewards_per_func[:, index].tolist())
+        self._logs["advantages"].extend([shaped_fitness] * len(evaluation.rewards_per_func))
+        for column in sorted(evaluation.extra_logs):
+            self._logs["extra"][column].extend(gather_object(evaluation.extra_logs[column]))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training and self._master is not None and self._metrics["train"]:
@@ -349,6 +371,13 @@ class ESTrainer(GRPOTrainer):
             hyperparameters=es_hyperparameters(self.args),
         )
         card.save(Path(self.args.output_dir) / "README.md")
+
+
+@dataclass
+class _MemberEvaluation:
+    completions: list
+    rewards_per_func: torch.Tensor  # (completions, reward functions), gathered across processes
+    extra_logs: dict[str, list]
 
 
 def _as_es_config(args, model) -> ESConfig:
