@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import vllm_serve
+
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
@@ -23,6 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max_steps", type=int, default=60, help="Number of ES steps.")
     demo.add_argument("--seed", type=int, default=0, help="Seed of the noise and of the data order.")
     demo.set_defaults(handler=_demo)
+
+    serve = commands.add_parser(
+        "vllm-serve",
+        help="Start a vLLM server with the ES worker extension (for ESConfig(use_vllm=True, vllm_mode='server')).",
+        description=vllm_serve.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    vllm_serve.add_arguments(serve)
+    serve.set_defaults(handler=vllm_serve.serve)
     return parser
 
 

@@ -101,6 +101,11 @@ class ESConfig(GRPOConfig):
         fitness_shaping (`str`, *optional*, defaults to `"zscore"`):
             How member fitness is normalised before the update: `"zscore"` (paper), `"centered_rank"` (OpenAI ES) or
             `"none"` (mean-centred only). Equal fitness always gives a zero update.
+        consistency_check_steps (`int`, *optional*, defaults to `1`):
+            Every this many steps (and at the last one), check that the copies of the weights that generation reads
+            (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
+            raise if not. The check hashes the master (server) or sums the engine's weights (colocate); raise it on
+            large models if that shows in `step_time`. 0 disables it.
 
         > Fields whose defaults differ from [`~trl.GRPOConfig`]
 
@@ -140,6 +145,14 @@ class ESConfig(GRPOConfig):
         metadata={
             "help": "How member fitness is normalised before the update.",
             "choices": list(FITNESS_SHAPINGS),
+        },
+    )
+
+    consistency_check_steps: int = field(
+        default=1,
+        metadata={
+            "help": "Every this many steps (and at the last one), check that every copy of the weights (vLLM "
+            "engine or server) agrees with the master, and fail loudly if not. 0 disables the check."
         },
     )
 
@@ -217,6 +230,10 @@ class ESConfig(GRPOConfig):
         if not math.isfinite(self.learning_rate) or self.learning_rate < 0:
             raise ValueError(
                 f"learning_rate (the ES step size) must be a finite number >= 0, got {self.learning_rate!r}."
+            )
+        if self.consistency_check_steps < 0:
+            raise ValueError(
+                f"consistency_check_steps must be >= 0 (0 disables the check), got {self.consistency_check_steps!r}."
             )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {self.temperature!r}.")

@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, is_peft_model
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from .backends import HFBackend
+from .backends.sampling import SamplingSettings
+from .backends.vllm_colocate import VLLMColocateBackend
+from .backends.vllm_server import VLLMServerBackend
 from .checkpoint import last_complete_checkpoint, load_es_state, save_es_state
 from .es_config import ESConfig
 from .fitness import shape_fitness, update_coefficients
@@ -115,10 +118,7 @@ class ESTrainer(GRPOTrainer):
                 "this stage with GRPOTrainer."
             )
         if args.use_vllm:
-            raise NotImplementedError(
-                "ESTrainer generates with `model.generate` for now; vLLM generation is not available yet. Set "
-                "`use_vllm=False`."
-            )
+            _check_vllm_setup(args, model, peft_config)
         if args.deepspeed_plugin is not None:
             raise NotImplementedError(
                 "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
@@ -127,27 +127,31 @@ class ESTrainer(GRPOTrainer):
             )
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
-        super().__init__(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
-            rollout_func=rollout_func,
-        )
+        with _hidden_from_grpo_if_server(args):
+            super().__init__(
+                model=model,
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                reward_processing_classes=reward_processing_classes,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                quantization_config=quantization_config,
+                peft_config=peft_config,
+                rollout_func=rollout_func,
+            )
+        self.use_vllm = args.use_vllm
         # GRPO reuses one generation batch for `num_iterations` updates; ES makes one update per prompt batch.
         self.num_iterations = 1
         if args.temperature == 0:
             self._use_greedy_decoding()
         self._master: MasterWeights | None = None
         self._reference: dict[str, torch.Tensor] | None = None
-        self._backend: HFBackend | None = None
+        self._model_weights: HFBackend | None = None  # writes the master into the trainer's model
+        self._backend = None  # where members are generated: the model itself, or a vLLM engine or server
+        self._vllm_sampling_seed: int | None = None
 
     def _use_greedy_decoding(self):
         greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None}
@@ -198,7 +202,7 @@ class ESTrainer(GRPOTrainer):
                     backend.load_member(member)
                 evaluations.append(self._evaluate_member(inputs, prompts, seconds))
         except BaseException:
-            backend.load_center()  # a failed step must not leave a member's weights in the model
+            backend.load_center()  # a failed step must not leave a member's weights behind
             raise
 
         rewards_per_func = torch.stack([e.rewards_per_func for e in evaluations])  # (members, completions, funcs)
@@ -206,10 +210,13 @@ class ESTrainer(GRPOTrainer):
         fitness = _member_fitness(completion_rewards, self.reward_func_names)
         shaped = shape_fitness(fitness, args.fitness_shaping)
         with _timed(seconds, "update"):
-            update_norm = master.apply_update(
-                update_coefficients(members, shaped), lr=self._get_learning_rate(), weight_decay=args.weight_decay
-            )
-            backend.load_center()
+            coefficients = update_coefficients(members, shaped)
+            lr = self._get_learning_rate()
+            update_norm = master.apply_update(coefficients, lr=lr, weight_decay=args.weight_decay)
+            backend.after_update(coefficients, lr=lr, weight_decay=args.weight_decay)
+            self._load_center()
+        if self._consistency_check_due():
+            backend.check_consistency(self.model, step=self.state.global_step + 1)
         self._log_step_metrics(rewards_per_func, completion_rewards, fitness, update_norm, seconds)
         best = int(torch.argmax(fitness))
         self._log_completions_of(prompts, evaluations[best], shaped[best].item())
@@ -225,12 +232,27 @@ class ESTrainer(GRPOTrainer):
         return _MemberEvaluation(completions, rewards_per_func, extra_logs)
 
     def _generate_for_member(self, prompts: list) -> tuple[list, list[list[int]]]:
-        # Common random numbers: every member of a step samples with the same seed.
+        # Common random numbers: every member of a step samples with the same seed. `model.generate` draws from the
+        # global generator; vLLM gets the seed per row (see `_generate_single_turn`).
+        seed = sampling_seed(self.args.seed, self.state.global_step)
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(sampling_seed(self.args.seed, self.state.global_step))
-            _, completion_ids, _, completions, _, _, _, _ = self._generate(prompts)
+            torch.manual_seed(seed)
+            self._vllm_sampling_seed = seed
+            try:
+                _, completion_ids, _, completions, _, _, _, _ = self._generate(prompts)
+            finally:
+                self._vllm_sampling_seed = None
         return completions, completion_ids
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not self.use_vllm:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
+        if images is not None:
+            raise NotImplementedError("ESTrainer does not generate from images with vLLM yet.")
+        # GRPO's vLLM path would push the trainer's weights (the centre) into the engine: the backend owns them.
+        _, backend = self._population_state()
+        return backend.generate(prompt_ids, seed=self._vllm_sampling_seed), None
 
     def _weighted_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         """Per-completion reward with TRL's semantics: NaN (`None`) entries are skipped; a completion that no function
@@ -240,14 +262,43 @@ class ESTrainer(GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=-1)] = torch.nan
         return rewards
 
-    def _population_state(self) -> tuple[MasterWeights, HFBackend]:
-        """The master and the backend, created from the model's current weights at the first step of a run."""
+    def _population_state(self):
+        """The master and the generation backend, created from the model's current weights when a run starts."""
         if self._master is None:
             parameters = self._evolving_parameters()
             self._master = MasterWeights(parameters)
             self._reference = {name: param.detach().to("cpu", copy=True) for name, param in parameters.items()}
-            self._backend = HFBackend(parameters, self._master, self.args.sigma)
+            self._model_weights = HFBackend(parameters, self._master, self.args.sigma)
+            self._backend = self._make_backend(parameters)
+            self._backend.check_consistency(self.model, step=self.state.global_step)
         return self._master, self._backend
+
+    def _make_backend(self, parameters):
+        if not self.use_vllm:
+            return self._model_weights
+        sampling = SamplingSettings.from_trainer(self)
+        if self.vllm_mode == "colocate":
+            backend = VLLMColocateBackend(self.vllm_generation.llm, self._master, self.args.sigma, sampling)
+            # The engine loaded the checkpoint from disk; the run starts from the trainer's weights.
+            backend.load_weights(self.model.named_parameters())
+            return backend
+        args = self.args
+        base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+        backend = VLLMServerBackend(base_url, self._master, args.sigma, sampling, timeout=args.vllm_server_timeout)
+        dtypes = {param.dtype for param in parameters.values()}
+        backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."))
+        return backend
+
+    def _load_center(self) -> None:
+        """Put the centre (the master) back wherever weights are read: the trainer's model and the backend."""
+        self._model_weights.load_center()
+        if self._backend is not self._model_weights:
+            self._backend.load_center()
+
+    def _consistency_check_due(self) -> bool:
+        step = self.state.global_step + 1  # the step this update completes
+        every = self.args.consistency_check_steps
+        return every > 0 and (step % every == 0 or step == self.state.max_steps)
 
     def _evolving_parameters(self) -> dict[str, torch.nn.Parameter]:
         parameters = {name: param for name, param in self.model.named_parameters() if param.requires_grad}
@@ -371,6 +422,35 @@ class ESTrainer(GRPOTrainer):
             hyperparameters=es_hyperparameters(self.args),
         )
         card.save(Path(self.args.output_dir) / "README.md")
+
+
+def _check_vllm_setup(args: ESConfig, model, peft_config) -> None:
+    if peft_config is not None or (not isinstance(model, str) and is_peft_model(model)):
+        raise NotImplementedError(
+            "ESTrainer with vLLM evolves full weights only; with a PEFT adapter, generate with `use_vllm=False`."
+        )
+    if args.vllm_mode == "colocate":
+        from .backends.vllm_cpu import keep_plain_linear_weights_on_cpu
+
+        keep_plain_linear_weights_on_cpu()  # before GRPOTrainer creates the engine
+    elif args.world_size > 1:
+        raise NotImplementedError(
+            "vllm_mode='server' runs with a single training process for now; launch one process, or use "
+            "vllm_mode='colocate'."
+        )
+
+
+@contextmanager
+def _hidden_from_grpo_if_server(args: ESConfig):
+    """GRPOTrainer would connect TRL's NCCL weight-sync client to a server; ES talks to its own worker extension."""
+    server = args.use_vllm and args.vllm_mode == "server"
+    if server:
+        args.use_vllm = False
+    try:
+        yield
+    finally:
+        if server:
+            args.use_vllm = True
 
 
 @dataclass

@@ -34,3 +34,9 @@ class HFBackend:
     def load_center(self) -> None:
         for name, value in self.master.tensors.items():
             self.parameters[name].copy_(value)
+
+    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
+        """Nothing to do: the trainer's master is the only one."""
+
+    def check_consistency(self, model: torch.nn.Module, step: int) -> None:
+        """Nothing to compare: generation reads the trainer's model itself."""

@@ -1,0 +1,68 @@
+"""vLLM colocate backend: members are written into the in-process engine through vLLM's own `load_weights`.
+
+`load_weights` takes Hugging Face names and handles vLLM's fused (qkv, gate_up) and tensor-parallel layouts, so the
+master never needs to know the engine's layout. The prefix cache is reset after every weight change, otherwise a
+member could reuse KV blocks computed with another member's weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from ..consistency import layout_free_stats, stats_agree
+from ..master import MasterWeights
+from ..noise import Member
+from .sampling import SamplingSettings
+
+
+class VLLMColocateBackend:
+    """Generation in the trainer's process with a `vllm.LLM` (the one TRL's `VLLMGeneration` built).
+
+    Args:
+        llm (`vllm.LLM`): The engine, created with `distributed_executor_backend="external_launcher"`.
+        master ([`MasterWeights`]): The float32 source of truth.
+        sigma (`float`): Noise scale of the members.
+        sampling ([`SamplingSettings`]): Generation settings.
+    """
+
+    def __init__(self, llm, master: MasterWeights, sigma: float, sampling: SamplingSettings):
+        self.llm = llm
+        self.master = master
+        self.sigma = sigma
+        self.sampling = sampling
+        self.engine_model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+        self.dtype = next(self.engine_model.parameters()).dtype
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write Hugging Face-named tensors (any dtype) into the engine."""
+        self.engine_model.load_weights((name, tensor.to(self.dtype)) for name, tensor in named_tensors)
+        self.llm.reset_prefix_cache()
+
+    def load_member(self, member: Member) -> None:
+        self.load_weights(self.master.perturbed(member, self.sigma))
+
+    def load_center(self) -> None:
+        self.load_weights(self.master.tensors.items())
+
+    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
+        """Nothing to do: the trainer's master is this engine's master."""
+
+    def generate(self, prompt_ids: list[list[int]], seed: int | None) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(**self.sampling.for_row(seed, row)) for row in range(len(prompt_ids))]
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        return [list(output.outputs[0].token_ids) for output in outputs]
+
+    def check_consistency(self, model: torch.nn.Module, step: int) -> None:
+        """Fail loudly if the engine does not hold `model`'s weights (the centre), compared layout-free."""
+        engine = layout_free_stats(p for _, p in self.engine_model.named_parameters())
+        expected = layout_free_stats((p for _, p in model.named_parameters()), dtype=self.dtype)
+        if not stats_agree(engine, expected):
+            raise RuntimeError(
+                f"At step {step} the vLLM engine's weights disagree with the trainer's (sum, sum of squares: engine "
+                f"{engine}, trainer {expected}). Generation no longer uses the weights being trained; please report "
+                "this with your vLLM version and model."
+            )

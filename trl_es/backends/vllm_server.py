@@ -1,0 +1,155 @@
+"""vLLM server backend: members live inside a `trl-es vllm-serve` server; only seeds and scalars travel.
+
+The trainer keeps its own float32 master (for checkpoints) and the server keeps one too (in the worker extension,
+`vllm_worker.py`). Both apply the same update from the same coefficients, and their digests are compared at the start
+and every `consistency_check_steps` steps, so an unreachable, foreign or restarted server is a clear error rather
+than a silent divergence.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from ..consistency import master_digest, stats_agree
+from ..master import MasterWeights
+from ..noise import Member
+from .sampling import SamplingSettings
+
+SERVE_HINT = "Start one with `trl-es vllm-serve --model <the same model>` (see `trl-es vllm-serve --help`)."
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server cannot be used for this ES run."""
+
+
+class VLLMServerBackend:
+    """Generation and member weights in a remote `trl-es vllm-serve` server.
+
+    Args:
+        base_url (`str`): The server, e.g. `http://127.0.0.1:8000`.
+        master ([`MasterWeights`]): The trainer's float32 master, which the server's must equal.
+        sigma (`float`): Noise scale of the members.
+        sampling ([`SamplingSettings`]): Generation settings.
+        timeout (`float`): Seconds to wait for one request.
+    """
+
+    def __init__(
+        self, base_url: str, master: MasterWeights, sigma: float, sampling: SamplingSettings, timeout: float = 600
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.master = master
+        self.sigma = sigma
+        self.sampling = sampling
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.run_id = uuid.uuid4().hex
+        self.served_model = self._served_model()
+
+    # HTTP -----------------------------------------------------------------------------------------------------
+
+    def _post(self, path: str, payload: dict) -> requests.Response:
+        try:
+            response = self.session.post(f"{self.base_url}{path}", json=payload, timeout=self.timeout)
+        except requests.ConnectionError as error:
+            raise VLLMServerError(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
+        if response.status_code == 404 and path == "/collective_rpc":
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} has no /collective_rpc endpoint: it was not started in dev mode "
+                f"with the trl-es worker extension. {SERVE_HINT}"
+            )
+        if not response.ok:
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} answered {path} with {response.status_code}: "
+                f"{response.text[:1000]}"
+            )
+        return response
+
+    def _served_model(self) -> str:
+        try:
+            response = self.session.get(f"{self.base_url}/v1/models", timeout=self.timeout)
+        except requests.ConnectionError as error:
+            raise VLLMServerError(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+
+    def _rpc(self, method: str, *args) -> list:
+        """Call `method` of the worker extension in every worker of the server; returns one result per worker."""
+        payload = {"method": method, "args": [str(arg) for arg in args], "timeout": self.timeout}
+        try:
+            results = self._post("/collective_rpc", payload).json()["results"]
+        except VLLMServerError as error:
+            if "has no attribute" in str(error) and method in str(error):
+                raise VLLMServerError(
+                    f"The vLLM server at {self.base_url} does not run the trl-es worker extension. {SERVE_HINT}"
+                ) from error
+            if "holds no ES run" in str(error):
+                raise VLLMServerError(
+                    f"The vLLM server at {self.base_url} lost this run's weights (restarted, or taken over by "
+                    "another trainer). Restart training from the last checkpoint."
+                ) from error
+            raise
+        return results
+
+    def _reset_prefix_cache(self) -> None:
+        self._post("/reset_prefix_cache", {})
+
+    # Backend ----------------------------------------------------------------------------------------------------
+
+    def start_run(self, parameter_dtype: str) -> None:
+        """Create this run's master in the server and check that it equals the trainer's."""
+        names = json.dumps(list(self.master.tensors))
+        digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype))
+        self._reset_prefix_cache()
+        expected = master_digest(self.master.tensors)
+        if digests != {expected}:
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} starts from other weights than the trainer (master digests "
+                f"{sorted(digests)} vs {expected}). Serve the same checkpoint the trainer loads, and load it in the "
+                "trainer without modifying it."
+            )
+
+    def load_member(self, member: Member) -> None:
+        self._rpc("es_load_member", self.run_id, member.seed, member.sign, self.sigma)
+        self._reset_prefix_cache()
+
+    def load_center(self) -> None:
+        self._rpc("es_load_center", self.run_id)
+        self._reset_prefix_cache()
+
+    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
+        # JSON floats round-trip exactly, so the server applies bit-for-bit the trainer's update.
+        self._rpc("es_apply_update", self.run_id, json.dumps(coefficients), repr(float(lr)), repr(float(weight_decay)))
+
+    def generate(self, prompt_ids: list[list[int]], seed: int | None) -> list[list[int]]:
+        def complete(row: int) -> list[int]:
+            payload = {
+                "model": self.served_model,
+                "prompt": prompt_ids[row],
+                "return_token_ids": True,
+                **self.sampling.for_row(seed, row),
+            }
+            return list(self._post("/v1/completions", payload).json()["choices"][0]["token_ids"])
+
+        # One request per row (each row has its own seed); concurrent, so the server batches them.
+        with ThreadPoolExecutor(max_workers=min(64, max(1, len(prompt_ids)))) as pool:
+            return list(pool.map(complete, range(len(prompt_ids))))
+
+    def check_consistency(self, model, step: int) -> None:
+        expected = master_digest(self.master.tensors)
+        reports = self._rpc("es_checksum", self.run_id)
+        for report in reports:
+            if report["master_digest"] != expected:
+                raise VLLMServerError(
+                    f"At step {step} the vLLM server's master differs from the trainer's (digest "
+                    f"{report['master_digest']} vs {expected}): the server's generations no longer follow the run."
+                )
+        # Layout-free statistics only sum up to the whole model on a single (non-sharded) worker.
+        if len(reports) == 1 and not stats_agree(reports[0]["engine_stats"], reports[0]["predicted_engine_stats"]):
+            raise VLLMServerError(
+                f"At step {step} the vLLM server's engine does not hold its master's weights "
+                f"({reports[0]['engine_stats']} vs {reports[0]['predicted_engine_stats']})."
+            )
