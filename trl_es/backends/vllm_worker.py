@@ -67,6 +67,11 @@ class ESWorkerExtension:
         dtype = next(self._es_model().parameters()).dtype
         self._es_model().load_weights((name, tensor.to(dtype)) for name, tensor in named_tensors)
 
+    def es_version(self) -> str:
+        from .. import __version__
+
+        return __version__
+
     def es_init(self, run_id: str, names_json: str, trainer_dtype: str) -> str:
         """Start a run: build the master of the evolving parameters `names_json` from the served checkpoint, rounded
         through the trainer's parameter dtype so both masters start equal. Returns the master digest."""
