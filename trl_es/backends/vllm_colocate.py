@@ -1,12 +1,17 @@
 """vLLM colocate backend: members are written into the in-process engine through vLLM's own `load_weights`.
 
 `load_weights` takes Hugging Face names and handles vLLM's fused (qkv, gate_up) and tensor-parallel layouts, so the
-master never needs to know the engine's layout. The prefix cache is reset after every weight change, otherwise a
-member could reuse KV blocks computed with another member's weights.
+master never needs to know the engine's layout.
+
+A member must never reuse KV blocks that the prefix cache computed with other weights. Instead of resetting the cache
+after every weight change (a walk over every block: about 1 ms per member for a 1 GiB cache), every load gets a fresh
+tag that generation passes as vLLM's `cache_salt`: blocks computed under other weights can no longer match, and the
+rows of one member (several completions of a prompt, a shared system prompt) still share theirs.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 
 import torch
@@ -34,11 +39,12 @@ class VLLMColocateBackend:
         self.sampling = sampling
         self.engine_model = llm.llm_engine.model_executor.driver_worker.model_runner.model
         self.dtype = next(self.engine_model.parameters()).dtype
+        self.weights_tag = uuid.uuid4().hex  # changes with every load: the prefix cache salt
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write Hugging Face-named tensors (any dtype) into the engine."""
         self.engine_model.load_weights((name, tensor.to(self.dtype)) for name, tensor in named_tensors)
-        self.llm.reset_prefix_cache()
+        self.weights_tag = uuid.uuid4().hex
 
     def load_member(self, member: Member) -> None:
         self.load_weights(self.master.perturbed(member, self.sigma))
@@ -53,7 +59,8 @@ class VLLMColocateBackend:
         from vllm import SamplingParams
 
         params = [SamplingParams(**self.sampling.for_row(seed, row)) for row in range(len(prompt_ids))]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        prompts = [{"prompt_token_ids": ids, "cache_salt": self.weights_tag} for ids in prompt_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [list(output.outputs[0].token_ids) for output in outputs]
 
     def check_consistency(self, model: torch.nn.Module, step: int) -> None:

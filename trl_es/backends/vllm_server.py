@@ -51,6 +51,7 @@ class VLLMServerBackend:
         self.timeout = timeout
         self.session = requests.Session()
         self.run_id = uuid.uuid4().hex
+        self.weights_tag = self.run_id
         self.served_model = self._served_model()
 
     # HTTP -----------------------------------------------------------------------------------------------------
@@ -93,9 +94,6 @@ class VLLMServerBackend:
                 ) from error
             raise
 
-    def _reset_prefix_cache(self) -> None:
-        self._post("/reset_prefix_cache", {})
-
     # Backend ----------------------------------------------------------------------------------------------------
 
     def start_run(self, parameter_dtype: str) -> None:
@@ -111,7 +109,7 @@ class VLLMServerBackend:
             ) from error
         names = json.dumps(list(self.master.tensors))
         digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype))
-        self._reset_prefix_cache()
+        self.weights_tag = uuid.uuid4().hex
         expected = master_digest(self.master.tensors)
         if digests != {expected}:
             raise VLLMServerError(
@@ -122,11 +120,11 @@ class VLLMServerBackend:
 
     def load_member(self, member: Member) -> None:
         self._rpc("es_load_member", self.run_id, member.seed, member.sign, self.sigma)
-        self._reset_prefix_cache()
+        self.weights_tag = uuid.uuid4().hex
 
     def load_center(self) -> None:
         self._rpc("es_load_center", self.run_id)
-        self._reset_prefix_cache()
+        self.weights_tag = uuid.uuid4().hex
 
     def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
         # JSON floats round-trip exactly, so the server applies bit-for-bit the trainer's update.
@@ -138,6 +136,7 @@ class VLLMServerBackend:
                 "model": self.served_model,
                 "prompt": prompt_ids[row],
                 "return_token_ids": True,
+                "cache_salt": self.weights_tag,  # no KV block computed under other weights can match
                 **self.sampling.for_row(seed, row),
             }
             return list(self._post("/v1/completions", payload).json()["choices"][0]["token_ids"])

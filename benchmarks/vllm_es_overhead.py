@@ -1,0 +1,107 @@
+"""ES step with vLLM vs plain vLLM generation of the same completions, measured side by side in one run.
+
+    python benchmarks/vllm_es_overhead.py                      # colocate, N=8, on the tiny local model (CPU: ~1 min)
+    python benchmarks/vllm_es_overhead.py --population_size 30 --model Qwen/Qwen2.5-0.5B-Instruct
+
+One ES step generates N x B completions (N members, B prompts) and also writes each member's weights into the engine,
+scores, updates the master and checks the engine against it. The baseline generates the same N x B completions with
+the same call pattern (N calls of B rows, same seeds) and fixed weights. The ratio is the ES overhead. The last line
+is `RESULT <json>`.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="Model path or id (default: the tiny model, built locally).")
+    parser.add_argument("--population_size", type=int, default=8)
+    parser.add_argument("--batch_size", type=int, default=16, help="Prompts per ES step (B).")
+    parser.add_argument("--max_completion_length", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5, help="Measured ES steps, each followed by the baseline.")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--consistency_check_steps", type=int, default=1)
+    return parser.parse_args()
+
+
+def main():
+    cli = parse_args()
+    from trl_es import ESConfig, ESTrainer
+    from trl_es.demo import DEMO_INITIALIZER_RANGE
+    from trl_es.noise import sampling_seed
+    from trl_es.tiny_model import save_tiny_model
+    from trl_es.toy_task import digit_fraction, digit_prompts
+
+    workdir = tempfile.mkdtemp(prefix="trl-es-bench-")
+    model = cli.model or str(save_tiny_model(f"{workdir}/tiny", initializer_range=DEMO_INITIALIZER_RANGE))
+    dataset = digit_prompts(cli.batch_size * cli.warmup)
+    args = ESConfig(
+        output_dir=f"{workdir}/run",
+        use_vllm=True,
+        vllm_mode="colocate",
+        population_size=cli.population_size,
+        per_device_train_batch_size=cli.batch_size,
+        max_completion_length=cli.max_completion_length,
+        temperature=1.0,
+        sigma=0.05,
+        learning_rate=0.01,
+        max_steps=cli.warmup,
+        logging_steps=1,
+        consistency_check_steps=cli.consistency_check_steps,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    trainer = ESTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=dataset)
+    trainer.train()  # warm-up steps through the Trainer loop; they also create the master and the backend
+
+    # Interleave ES steps and the baseline so that both see the same machine load.
+    _, backend = trainer._population_state()
+    batch = [{"prompt": prompt} for prompt in dataset["prompt"][: cli.batch_size]]
+    prompt_ids = [trainer.processing_class(row["prompt"])["input_ids"] for row in batch]
+    seed = sampling_seed(args.seed, trainer.state.global_step)
+    es_steps, generations = [], []
+    for _ in range(cli.steps):
+        start = time.perf_counter()
+        trainer._es_step(batch)
+        es_steps.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for _member in range(cli.population_size):  # the same N calls of B rows and seeds, weights fixed
+            backend.generate(prompt_ids, seed)
+        generations.append(time.perf_counter() - start)
+    es_step, generation = statistics.median(es_steps), statistics.median(generations)
+    recorded = trainer._metrics["train"]  # the measured steps' phase timings (not yet flushed to a log)
+    phases = {phase: statistics.median(recorded[f"es/time/{phase}"][-cli.steps :]) for phase in ("perturb", "reward")}
+
+    ratio = es_step / generation
+    completions = cli.population_size * cli.batch_size
+    print(f"model {model}, N={cli.population_size}, B={cli.batch_size}, {cli.max_completion_length} new tokens")
+    print(f"{'':40s}{'seconds':>10s}")
+    print(f"{'ES step (median)':40s}{es_step:10.3f}")
+    print(f"{'  of which writing member weights':40s}{phases['perturb']:10.3f}")
+    print(f"{'  of which scoring':40s}{phases['reward']:10.3f}")
+    print(f"{f'vLLM generating {completions} completions':40s}{generation:10.3f}")
+    print(f"{'overhead ratio (ES step / generation)':40s}{ratio:10.3f}")
+    result = {
+        "benchmark": "vllm_es_overhead",
+        "mode": "colocate",
+        "population_size": cli.population_size,
+        "batch_size": cli.batch_size,
+        "max_completion_length": cli.max_completion_length,
+        "es_step_seconds": es_step,
+        "generation_seconds": generation,
+        "overhead_ratio_es_over_generation": ratio,
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
