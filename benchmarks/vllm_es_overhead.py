@@ -79,7 +79,10 @@ def main():
         generations.append(time.perf_counter() - start)
     es_step, generation = statistics.median(es_steps), statistics.median(generations)
     recorded = trainer._metrics["train"]  # the measured steps' phase timings (not yet flushed to a log)
-    phases = {phase: statistics.median(recorded[f"es/time/{phase}"][-cli.steps :]) for phase in ("perturb", "reward")}
+    phases = {
+        phase: statistics.median(recorded[f"es/time/{phase}"][-cli.steps :])
+        for phase in ("perturb", "generate", "reward", "update")
+    }
 
     ratio = es_step / generation
     completions = cli.population_size * cli.batch_size
@@ -87,7 +90,9 @@ def main():
     print(f"{'':40s}{'seconds':>10s}")
     print(f"{'ES step (median)':40s}{es_step:10.3f}")
     print(f"{'  of which writing member weights':40s}{phases['perturb']:10.3f}")
+    print(f"{'  of which generating':40s}{phases['generate']:10.3f}")
     print(f"{'  of which scoring':40s}{phases['reward']:10.3f}")
+    print(f"{'  of which updating the master':40s}{phases['update']:10.3f}")
     print(f"{f'vLLM generating {completions} completions':40s}{generation:10.3f}")
     print(f"{'overhead ratio (ES step / generation)':40s}{ratio:10.3f}")
     result = {

@@ -235,14 +235,17 @@ class ESTrainer(GRPOTrainer):
         # Common random numbers: every member of a step samples with the same seed. `model.generate` draws from the
         # global generator; vLLM gets the seed per row (see `_generate_single_turn`).
         seed = sampling_seed(self.args.seed, self.state.global_step)
-        devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
+        if self.use_vllm:
             self._vllm_sampling_seed = seed
             try:
                 _, completion_ids, _, completions, _, _, _, _ = self._generate(prompts)
             finally:
                 self._vllm_sampling_seed = None
+            return completions, completion_ids
+        devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            _, completion_ids, _, completions, _, _, _, _ = self._generate(prompts)
         return completions, completion_ids
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
