@@ -145,3 +145,17 @@ def test_a_plain_vllm_server_without_the_extension_is_refused(tmp_path, tiny_mod
             trainer.train()
     finally:
         stop_server(process)
+
+
+def test_a_run_resumed_against_the_server_ends_like_an_uninterrupted_one(tmp_path, tiny_model_path, server_port):
+    uninterrupted = make_trainer(tiny_model_path, server_config(tmp_path / "a", server_port))
+    uninterrupted.train()
+    expected = master_digest(uninterrupted._master.tensors)
+
+    config = server_config(tmp_path / "b", server_port, save_strategy="steps", save_steps=2)
+    make_trainer(tiny_model_path, config).train()  # writes checkpoint-2 (and the final checkpoint-3)
+    resumed = make_trainer(tiny_model_path, config)
+    resumed.train(resume_from_checkpoint=f"{config.output_dir}/checkpoint-2")  # the server rebuilds from it
+    assert master_digest(resumed._master.tensors) == expected
+    _, backend = resumed._population_state()
+    assert backend._rpc("es_checksum", backend.run_id)[0]["master_digest"] == expected

@@ -152,6 +152,7 @@ class ESTrainer(GRPOTrainer):
         self._model_weights: HFBackend | None = None  # writes the master into the trainer's model
         self._backend = None  # where members are generated: the model itself, or a vLLM engine or server
         self._vllm_sampling_seed: int | None = None
+        self._resumed_from: str | None = None
 
     def _use_greedy_decoding(self):
         greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None}
@@ -268,15 +269,23 @@ class ESTrainer(GRPOTrainer):
     def _population_state(self):
         """The master and the generation backend, created from the model's current weights when a run starts."""
         if self._master is None:
-            parameters = self._evolving_parameters()
-            self._master = MasterWeights(parameters)
-            self._reference = {name: param.detach().to("cpu", copy=True) for name, param in parameters.items()}
-            self._model_weights = HFBackend(parameters, self._master, self.args.sigma)
-            self._backend = self._make_backend(parameters)
+            self._start_master()
+        if self._backend is None:
+            self._backend = self._make_backend()
             self._backend.check_consistency(self.model, step=self.state.global_step)
         return self._master, self._backend
 
-    def _make_backend(self, parameters):
+    def _start_master(self, lossy_masters: dict[str, torch.Tensor] | None = None) -> None:
+        """Copy the evolving parameters into a new float32 master; a resumed run passes the float32 masters of its
+        non-float32 parameters, which the model's weights only hold rounded."""
+        parameters = self._evolving_parameters()
+        self._master = MasterWeights(parameters)
+        if lossy_masters:
+            self._master.load_state_dict({**self._master.state_dict(), **lossy_masters})
+        self._reference = {name: param.detach().to("cpu", copy=True) for name, param in parameters.items()}
+        self._model_weights = HFBackend(parameters, self._master, self.args.sigma)
+
+    def _make_backend(self):
         if not self.use_vllm:
             return self._model_weights
         sampling = SamplingSettings.from_trainer(self)
@@ -288,8 +297,13 @@ class ESTrainer(GRPOTrainer):
         args = self.args
         base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
         backend = VLLMServerBackend(base_url, self._master, args.sigma, sampling, timeout=args.vllm_server_timeout)
-        dtypes = {param.dtype for param in parameters.values()}
-        backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."))
+        dtypes = {param.dtype for param in self._model_weights.parameters.values()}
+        if len(dtypes) > 1:
+            raise NotImplementedError(
+                f"vllm_mode='server' needs the evolving parameters in one dtype, got {sorted(map(str, dtypes))}. Load "
+                "the model in a single dtype (`model_init_kwargs={'dtype': ...}`, `cast_lm_head_to_fp32=False`)."
+            )
+        backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."), checkpoint=self._resumed_from)
         return backend
 
     def _load_center(self) -> None:
@@ -374,7 +388,7 @@ class ESTrainer(GRPOTrainer):
                     "`resume_from_checkpoint`, or point it at a checkpoint directory."
                 )
         # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
-        self._master = self._reference = self._backend = None
+        self._master = self._reference = self._backend = self._resumed_from = None
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
@@ -405,9 +419,9 @@ class ESTrainer(GRPOTrainer):
                     stacklevel=2,
                 )
         # The model already holds the checkpoint's weights: they are the master wherever they are float32.
-        master, _ = self._population_state()
-        master.load_state_dict({**master.state_dict(), **lossy_masters})
+        self._start_master(lossy_masters)
         self._reference = reference
+        self._resumed_from = checkpoint  # a vLLM server rebuilds its master from the same files
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write `README.md` in `output_dir`: TRL's model card with the ES hyperparameters and papers."""

@@ -9,6 +9,7 @@ than a silent divergence.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -96,7 +97,7 @@ class VLLMServerBackend:
 
     # Backend ----------------------------------------------------------------------------------------------------
 
-    def start_run(self, parameter_dtype: str) -> None:
+    def start_run(self, parameter_dtype: str, checkpoint: str | None = None) -> None:
         """Check that the server runs the trl-es extension, create this run's master in it and check that it equals
         the trainer's."""
         try:
@@ -108,14 +109,17 @@ class VLLMServerBackend:
                 f"The vLLM server at {self.base_url} does not run the trl-es worker extension ({error}). {SERVE_HINT}"
             ) from error
         names = json.dumps(list(self.master.tensors))
-        digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype))
+        # A resumed run's master is in its checkpoint, which the server reads (it must see the same filesystem).
+        resume_from = os.path.abspath(checkpoint) if checkpoint else ""
+        digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype, resume_from))
         self.weights_tag = uuid.uuid4().hex
         expected = master_digest(self.master.tensors)
         if digests != {expected}:
             raise VLLMServerError(
                 f"The vLLM server at {self.base_url} starts from other weights than the trainer (master digests "
                 f"{sorted(digests)} vs {expected}). Serve the same checkpoint the trainer loads, and load it in the "
-                "trainer without modifying it."
+                "trainer without modifying it; when resuming, the server must be able to read the checkpoint "
+                f"{checkpoint!r}."
             )
 
     def load_member(self, member: Member) -> None:

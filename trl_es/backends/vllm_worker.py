@@ -17,7 +17,9 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
+from ..checkpoint import ES_STATE_DIR, MASTER_FILE
 from ..consistency import layout_free_stats, master_digest
 from ..master import MasterWeights
 from ..noise import Member
@@ -40,8 +42,6 @@ def _checkpoint_files(model: str) -> list[Path]:
 
 
 def _read_checkpoint(model: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     tensors = {}
     for file in _checkpoint_files(model):
         tensors.update(load_file(file))
@@ -72,12 +72,15 @@ class ESWorkerExtension:
 
         return __version__
 
-    def es_init(self, run_id: str, names_json: str, trainer_dtype: str) -> str:
+    def es_init(self, run_id: str, names_json: str, trainer_dtype: str, resume_from: str = "") -> str:
         """Start a run: build the master of the evolving parameters `names_json` from the served checkpoint, rounded
-        through the trainer's parameter dtype so both masters start equal. Returns the master digest."""
+        through the trainer's parameter dtype so both masters start equal; or, when the trainer resumes, from its
+        checkpoint `resume_from` (weights plus the float32 masters of `es_state/`). Returns the master digest."""
         names = json.loads(names_json)
         dtype = getattr(torch, trainer_dtype)
         checkpoint = _read_checkpoint(self.vllm_config.model_config.model)
+        if resume_from:
+            checkpoint.update(_read_checkpoint(resume_from))
         missing = [name for name in names if name not in checkpoint]
         if missing:
             raise KeyError(
@@ -87,6 +90,8 @@ class ESWorkerExtension:
         device = next(self._es_model().parameters()).device
         evolving = {name: checkpoint[name].to(device=device, dtype=dtype) for name in names}
         frozen = [tensor for name, tensor in checkpoint.items() if name not in evolving]
+        if resume_from:
+            evolving.update(load_file(Path(resume_from) / ES_STATE_DIR / MASTER_FILE, device=str(device)))
         self._es_state = {"run_id": run_id, "master": MasterWeights(evolving), "frozen": frozen}
         self._es_load(self._es_state["master"].tensors.items())
         return master_digest(self._es_state["master"].tensors)
