@@ -123,3 +123,11 @@ def test_members_sampling_rows_share_seeds_across_members_but_not_across_rows(co
     first = backend.generate([prompt, prompt], seed=7)
     assert first == backend.generate([prompt, prompt], seed=7)  # same seed, same weights: same samples
     assert first[0] != first[1]  # the two completions of one prompt are different samples
+
+
+def test_evaluate_generates_with_the_engine_at_the_centre(colocate_run):
+    trainer, _ = colocate_run
+    metrics = trainer.evaluate(eval_dataset=digit_prompts(8, offset=100))
+    assert 0 <= metrics["eval_reward"] <= 1 and metrics["eval_completions/mean_length"] > 0
+    _, backend = trainer._population_state()
+    backend.check_consistency(trainer.model, step=trainer.state.global_step)  # still the centre
