@@ -143,8 +143,10 @@ class ESTrainer(GRPOTrainer):
                 rollout_func=rollout_func,
             )
         self.use_vllm = args.use_vllm
-        # GRPO reuses one generation batch for `num_iterations` updates; ES makes one update per prompt batch.
+        # GRPO reuses one generation batch for `num_iterations` updates; ES makes one update per prompt batch. Nor is
+        # there a policy gradient to correct for vLLM's sampling (evaluation would otherwise ask for its logprobs).
         self.num_iterations = 1
+        self.vllm_importance_sampling_correction = False
         if args.temperature == 0:
             self._use_greedy_decoding()
         self._master: MasterWeights | None = None
