@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import is_peft_model
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
@@ -22,6 +22,13 @@ from .backends.sampling import SamplingSettings
 from .backends.vllm_colocate import VLLMColocateBackend
 from .backends.vllm_server import VLLMServerBackend
 from .checkpoint import last_complete_checkpoint, load_es_state, save_es_state
+from .distributed import (
+    check_population_divides,
+    check_ranks_agree,
+    from_process,
+    members_of_this_process,
+    whole_batch,
+)
 from .es_config import ESConfig
 from .fitness import shape_fitness, update_coefficients
 from .master import MasterWeights
@@ -147,6 +154,7 @@ class ESTrainer(GRPOTrainer):
         # there a policy gradient to correct for vLLM's sampling (evaluation would otherwise ask for its logprobs).
         self.num_iterations = 1
         self.vllm_importance_sampling_correction = False
+        check_population_divides(args.population_size, self.accelerator.num_processes)
         if args.temperature == 0:
             self._use_greedy_decoding()
         self._master: MasterWeights | None = None
@@ -184,7 +192,7 @@ class ESTrainer(GRPOTrainer):
         # first copy and the repeats are the same prompts.
         if self._step % self.args.gradient_accumulation_steps == 0:
             start = time.perf_counter()
-            self._es_step(inputs)
+            self._es_step(whole_batch(self.accelerator, inputs))
             self._metrics["train"]["step_time"].append(time.perf_counter() - start)
         self._step += 1
         # ES has no loss; the Trainer loop needs a tensor, and `log` drops the resulting `loss` entry.
@@ -198,9 +206,9 @@ class ESTrainer(GRPOTrainer):
         prompts = [example["prompt"] for example in inputs]
         seconds = defaultdict(float)
 
-        evaluations = []
+        evaluations = []  # this process's members, one per round (see distributed.py)
         try:
-            for member in members:
+            for member in members_of_this_process(self.accelerator, members):
                 with _timed(seconds, "perturb"):
                     backend.load_member(member)
                 evaluations.append(self._evaluate_member(inputs, prompts, seconds))
@@ -208,7 +216,11 @@ class ESTrainer(GRPOTrainer):
             backend.load_center()  # a failed step must not leave a member's weights behind
             raise
 
-        rewards_per_func = torch.stack([e.rewards_per_func for e in evaluations])  # (members, completions, funcs)
+        # Each round's rewards were gathered across processes: rows of members jP .. jP + P - 1, in order.
+        num_processes = self.accelerator.num_processes
+        rewards_per_func = torch.cat(
+            [e.rewards_per_func.view(num_processes, len(prompts), -1) for e in evaluations]
+        )  # (members, completions, reward functions)
         completion_rewards = self._weighted_rewards(rewards_per_func)
         fitness = _member_fitness(completion_rewards, self.reward_func_names)
         shaped = shape_fitness(fitness, args.fitness_shaping)
@@ -219,10 +231,15 @@ class ESTrainer(GRPOTrainer):
             backend.after_update(coefficients, lr=lr, weight_decay=args.weight_decay)
             self._load_center()
         if self._consistency_check_due():
+            check_ranks_agree(self.accelerator, master, step=self.state.global_step + 1)
             backend.check_consistency(self.model, step=self.state.global_step + 1)
         self._log_step_metrics(rewards_per_func, completion_rewards, fitness, update_norm, seconds)
         best = int(torch.argmax(fitness))
-        self._log_completions_of(prompts, evaluations[best], shaped[best].item())
+        round_, owner = divmod(best, num_processes)
+        completions, extra_logs = from_process(
+            self.accelerator, (evaluations[round_].completions, evaluations[round_].extra_logs), owner
+        )
+        self._log_completions_of(prompts, completions, extra_logs, rewards_per_func[best], shaped[best].item())
 
     def _evaluate_member(self, inputs, prompts, seconds) -> _MemberEvaluation:
         """Generate with the weights currently loaded and score the completions."""
@@ -349,16 +366,16 @@ class ESTrainer(GRPOTrainer):
             metrics[name].append(sum(values) / len(values))
         self._pending_metrics.clear()
 
-    def _log_completions_of(self, prompts, evaluation: _MemberEvaluation, shaped_fitness: float) -> None:
-        """Fill GRPO's completion table (`log_completions`) with the step's best member; its "advantage" column holds
-        that member's shaped fitness."""
-        self._logs["prompt"].extend(gather_object(prompts))
-        self._logs["completion"].extend(gather_object(evaluation.completions))
+    def _log_completions_of(self, prompts, completions, extra_logs, rewards_per_func, shaped_fitness: float) -> None:
+        """Fill GRPO's completion table (`log_completions`) with the step's best member (every process holds the same
+        values); its "advantage" column holds that member's shaped fitness."""
+        self._logs["prompt"].extend(prompts)
+        self._logs["completion"].extend(completions)
         for index, name in enumerate(self.reward_func_names):
-            self._logs["rewards"][name].extend(evaluation.rewards_per_func[:, index].tolist())
-        self._logs["advantages"].extend([shaped_fitness] * len(evaluation.rewards_per_func))
-        for column in sorted(evaluation.extra_logs):
-            self._logs["extra"][column].extend(gather_object(evaluation.extra_logs[column]))
+            self._logs["rewards"][name].extend(rewards_per_func[:, index].tolist())
+        self._logs["advantages"].extend([shaped_fitness] * len(prompts))
+        for column in sorted(extra_logs):
+            self._logs["extra"][column].extend(extra_logs[column])
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training and self._master is not None and self._metrics["train"]:
@@ -474,8 +491,8 @@ def _hidden_from_grpo_if_server(args: ESConfig):
 
 @dataclass
 class _MemberEvaluation:
-    completions: list
-    rewards_per_func: torch.Tensor  # (completions, reward functions), gathered across processes
+    completions: list  # this process's member's completions
+    rewards_per_func: torch.Tensor  # (processes x completions, reward functions): the round's members, gathered
     extra_logs: dict[str, list]
 
 

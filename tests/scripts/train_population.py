@@ -1,0 +1,75 @@
+"""Train ES on the tiny model with however many processes `accelerate launch` starts; write the final weights.
+
+Used by tests/test_population_parallel.py:
+    accelerate launch --multi_gpu --num_processes P train_population.py MODEL OUTPUT_DIR --prompts_per_step B
+(`--multi_gpu` starts P processes with torch.distributed; `use_cpu=True` in the config makes them CPU/gloo ranks.
+`accelerate launch --cpu --num_processes P` starts a single process unless mpirun is set up.)
+Each process gets B / P prompts from the dataloader, so every run sees B prompts per step. With --corrupt_rank R, that
+rank's master is nudged after the first step, which the rank agreement check must catch.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from safetensors.torch import save_file
+from transformers import TrainerCallback
+
+from trl_es import ESConfig, ESTrainer
+
+
+class CorruptRank(TrainerCallback):
+    def __init__(self, trainer, rank):
+        self.trainer, self.rank = trainer, rank
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1 and self.trainer.accelerator.process_index == self.rank:
+            next(iter(self.trainer._master.tensors.values())).view(-1)[0] += 1e-3
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("output_dir")
+    parser.add_argument("--prompts_per_step", type=int, default=8)
+    parser.add_argument("--corrupt_rank", type=int, default=None)
+    cli = parser.parse_args()
+
+    processes = int(os.environ.get("WORLD_SIZE", 1))  # read before the config creates the distributed state
+    args = ESConfig(
+        output_dir=cli.output_dir,
+        population_size=4,
+        per_device_train_batch_size=cli.prompts_per_step // processes,
+        max_completion_length=6,
+        temperature=1.0,
+        sigma=0.05,
+        learning_rate=0.01,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+
+    def digit_reward(completions, **kwargs):
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+    dataset = Dataset.from_dict({"prompt": [f"Item {k}:" for k in range(16)]})
+    trainer = ESTrainer(model=cli.model, reward_funcs=digit_reward, args=args, train_dataset=dataset)
+    if cli.corrupt_rank is not None:
+        trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        weights = {name: p.detach().contiguous() for name, p in trainer.model.named_parameters()}
+        save_file(weights, f"{cli.output_dir}/final.safetensors")
+        master = {name: t.contiguous() for name, t in trainer._master.tensors.items()}
+        save_file(master, f"{cli.output_dir}/master.safetensors")
+        torch.save([h.get("reward") for h in trainer.state.log_history], f"{cli.output_dir}/rewards.pt")
+        Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
+
+
+if __name__ == "__main__":
+    main()
