@@ -42,11 +42,23 @@ def test_population_must_divide_among_processes():
         check_population_divides(30, 4)
 
 
+def needs_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pytest.skip("vLLM is not installed")
+
+
 @pytest.mark.slow
-def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path):
-    one = launch(1, tiny_model_path, tmp_path / "one")
+@pytest.mark.parametrize("backend", ["transformers", "vllm_colocate"])
+def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, backend):
+    flags = []
+    if backend == "vllm_colocate":
+        needs_vllm()
+        flags = ["--use_vllm"]  # one engine per process
+    one = launch(1, tiny_model_path, tmp_path / "one", *flags)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = launch(2, tiny_model_path, tmp_path / "two")
+    two = launch(2, tiny_model_path, tmp_path / "two", *flags)
     assert two.returncode == 0, two.stderr[-3000:]
     assert (tmp_path / "two" / "num_processes").read_text() == "2"
     for file in ("master.safetensors", "final.safetensors"):

@@ -35,6 +35,7 @@ def main():
     parser.add_argument("output_dir")
     parser.add_argument("--prompts_per_step", type=int, default=8)
     parser.add_argument("--corrupt_rank", type=int, default=None)
+    parser.add_argument("--use_vllm", action="store_true", help="Generate with one colocated vLLM engine per process.")
     cli = parser.parse_args()
 
     processes = int(os.environ.get("WORLD_SIZE", 1))  # read before the config creates the distributed state
@@ -52,6 +53,8 @@ def main():
         report_to=[],
         disable_tqdm=True,
         use_cpu=True,
+        use_vllm=cli.use_vllm,
+        vllm_mode="colocate",
     )
 
     def digit_reward(completions, **kwargs):
@@ -72,4 +75,5 @@ def main():
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     main()
