@@ -1,6 +1,5 @@
 """Population-parallel ES: P processes split the members of every step and end with the 1-process weights."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,17 @@ from trl_es.noise import population
 SCRIPT = Path(__file__).parent / "scripts" / "train_population.py"
 
 
-def launch(processes: int, *args) -> subprocess.CompletedProcess:
-    # `--multi_gpu` makes accelerate start the processes with torch.distributed; the script's `use_cpu=True` turns
-    # them into CPU ranks talking over gloo. (`--cpu --num_processes 2` starts one process without mpirun.)
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-    command = [accelerate, "launch", "--multi_gpu", "--num_processes", str(processes), str(SCRIPT), *map(str, args)]
-    if processes == 1:
-        command = [sys.executable, str(SCRIPT), *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+CONFIGS = Path(__file__).parents[1] / "examples" / "accelerate_configs"
+
+
+def launch(processes: int, *args, script=SCRIPT, config=None) -> subprocess.CompletedProcess:
+    """`accelerate launch` with one of our configs. The scripts set `use_cpu=True`, so on a machine without GPUs the
+    processes of multi_gpu.yaml become CPU ranks talking over gloo (accelerate's own `--cpu --num_processes 2`
+    starts a single process unless mpirun is set up)."""
+    config = config or ("single_gpu.yaml" if processes == 1 else "multi_gpu.yaml")
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--config_file", str(CONFIGS / config), "--num_processes", str(processes)]
+    return subprocess.run([*command, str(script), *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 def test_members_are_dealt_round_robin():
@@ -73,3 +75,23 @@ def test_ranks_that_diverge_fail_naming_the_step(tmp_path, tiny_model_path):
     run = launch(2, tiny_model_path, tmp_path / "corrupt", "--corrupt_rank", 1)
     assert run.returncode != 0
     assert "At step 2 the processes' ES masters disagree" in run.stdout + run.stderr
+
+
+DEEPSPEED_SCRIPT = Path(__file__).parent / "scripts" / "train_under_deepspeed.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["deepspeed_zero2.yaml", "deepspeed_zero3.yaml"])
+def test_grpo_stages_train_under_deepspeed_with_our_configs(tmp_path, tiny_model_path, config):
+    pytest.importorskip("deepspeed")
+    run = launch(2, tiny_model_path, tmp_path / "grpo", "grpo", script=DEEPSPEED_SCRIPT, config=config)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "TRAINED grpo steps=1 processes=2" in run.stdout
+
+
+@pytest.mark.slow
+def test_es_under_deepspeed_is_refused_with_the_alternative(tmp_path, tiny_model_path):
+    pytest.importorskip("deepspeed")
+    run = launch(2, tiny_model_path, tmp_path / "es", "es", script=DEEPSPEED_SCRIPT, config="deepspeed_zero2.yaml")
+    assert run.returncode != 0
+    assert "ESTrainer does not run under DeepSpeed" in run.stderr and "multi_gpu.yaml" in run.stderr

@@ -129,8 +129,8 @@ class ESTrainer(GRPOTrainer):
         if args.deepspeed_plugin is not None:
             raise NotImplementedError(
                 "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
-                "and ZeRO-3 would shard the weights that every member perturbs. Launch without a DeepSpeed config "
-                "(plain `accelerate launch`)."
+                "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
+                "e.g. with examples/accelerate_configs/multi_gpu.yaml."
             )
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")

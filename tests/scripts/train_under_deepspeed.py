@@ -1,0 +1,36 @@
+"""Train one step of GRPO or ES on the tiny model under whatever `accelerate launch` set up (DeepSpeed in the tests).
+
+    accelerate launch --config_file examples/accelerate_configs/deepspeed_zero2.yaml --num_processes 2 \
+        train_under_deepspeed.py MODEL OUTPUT_DIR grpo|es
+"""
+
+import sys
+
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_es import ESConfig, ESTrainer
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def main():
+    model, output_dir, method = sys.argv[1:4]
+    common = dict(output_dir=output_dir, per_device_train_batch_size=2, max_completion_length=6, max_steps=1,
+                  report_to=[], save_strategy="no", use_cpu=True, bf16=False)  # fmt: skip
+    dataset = Dataset.from_dict({"prompt": [f"Item {k}:" for k in range(8)]})
+    if method == "grpo":
+        trainer = GRPOTrainer(model=model, reward_funcs=length_reward, train_dataset=dataset,
+                              args=GRPOConfig(num_generations=2, **common))  # fmt: skip
+    else:
+        trainer = ESTrainer(model=model, reward_funcs=length_reward, train_dataset=dataset,
+                            args=ESConfig(population_size=2, **common))  # fmt: skip
+    trainer.train()
+    trainer.accelerator.end_training()
+    print(f"TRAINED {method} steps={trainer.state.global_step} processes={trainer.accelerator.num_processes}")
+
+
+if __name__ == "__main__":
+    main()
