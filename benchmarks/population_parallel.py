@@ -1,0 +1,101 @@
+"""ES steps per second with 1 and 2 processes on the same work, side by side in one run.
+
+    python benchmarks/population_parallel.py                 # tiny local model, CPU (gloo): about 2 minutes
+    python benchmarks/population_parallel.py --processes 1 8 --model Qwen/Qwen2.5-0.5B-Instruct --use_vllm
+
+Every run trains the same steps (same members, prompts and seeds: the weights end bitwise identical); with P
+processes each evaluates population_size / P members. The last line is `RESULT <json>`.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CONFIGS = Path(__file__).parents[1] / "examples" / "accelerate_configs"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="Model path or id (default: the tiny model, built locally).")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--population_size", type=int, default=8)
+    parser.add_argument("--batch_size", type=int, default=16, help="Prompts per ES step, over all processes.")
+    parser.add_argument("--max_completion_length", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--use_vllm", action="store_true", help="One colocated vLLM engine per process.")
+    parser.add_argument("--worker_output", default=None, help=argparse.SUPPRESS)  # set when launched as a worker
+    return parser.parse_args(argv)
+
+
+def worker(cli):
+    """One training run under `accelerate launch`; the main process writes its measured seconds per step."""
+    from trl_es import ESConfig, ESTrainer
+    from trl_es.toy_task import digit_fraction, digit_prompts
+
+    processes = int(os.environ.get("WORLD_SIZE", 1))
+    args = ESConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-es-bench-"),
+        population_size=cli.population_size,
+        per_device_train_batch_size=cli.batch_size // processes,
+        max_completion_length=cli.max_completion_length,
+        temperature=1.0,
+        sigma=0.05,
+        learning_rate=0.01,
+        max_steps=cli.steps + 1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        use_vllm=cli.use_vllm,
+        vllm_mode="colocate",
+    )
+    dataset = digit_prompts(cli.batch_size * (cli.steps + 1))
+    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=dataset)
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][1:]  # skip warm-up
+        Path(cli.worker_output).write_text(json.dumps({"processes": processes, "step_times": step_times}))
+
+
+def main():
+    cli = parse_args()
+    if cli.worker_output:
+        return worker(cli)
+    if cli.model is None:
+        from trl_es.demo import DEMO_INITIALIZER_RANGE
+        from trl_es.tiny_model import save_tiny_model
+
+        cli.model = str(save_tiny_model(tempfile.mkdtemp() + "/tiny", initializer_range=DEMO_INITIALIZER_RANGE))
+    accelerate = Path(sys.executable).with_name("accelerate")
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    rows = []
+    for processes in cli.processes:
+        output = Path(tempfile.mkdtemp()) / "timing.json"
+        config = CONFIGS / ("single_gpu.yaml" if processes == 1 else "multi_gpu.yaml")
+        command = [
+            *(str(accelerate), "launch", "--config_file", str(config), "--num_processes", str(processes), __file__),
+            *("--model", cli.model, "--population_size", str(cli.population_size), "--steps", str(cli.steps)),
+            *("--batch_size", str(cli.batch_size), "--max_completion_length", str(cli.max_completion_length)),
+            *("--worker_output", str(output), *(["--use_vllm"] if cli.use_vllm else [])),
+        ]
+        subprocess.run(command, check=True, env=environment, capture_output=True)
+        timing = json.loads(output.read_text())
+        seconds = sorted(timing["step_times"])[len(timing["step_times"]) // 2]
+        rows.append({"processes": processes, "seconds_per_step": seconds, "steps_per_second": 1 / seconds})
+    base = rows[0]["steps_per_second"]
+    print(f"N={cli.population_size}, B={cli.batch_size}, {cli.max_completion_length} new tokens, model {cli.model}")
+    print(f"{'processes':>10s}{'s/step':>10s}{'steps/s':>10s}{'speedup':>10s}")
+    for row in rows:
+        row["speedup"] = row["steps_per_second"] / base
+        print(f"{row['processes']:>10d}{row['seconds_per_step']:>10.3f}{row['steps_per_second']:>10.3f}"
+              f"{row['speedup']:>10.2f}")  # fmt: skip
+    print("RESULT " + json.dumps({"benchmark": "population_parallel", "runs": rows}))
+
+
+if __name__ == "__main__":
+    main()
