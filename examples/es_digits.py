@@ -3,6 +3,8 @@
 Runs anywhere, without the Hub (the model and tokenizer are built on the spot):
 
     accelerate launch examples/es_digits.py --output_dir es-digits --use_cpu
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml --num_processes 2 \
+        examples/es_digits.py --output_dir es-digits --use_cpu    # two CPU processes, population split in two
 
 Every `ESConfig` (and so `GRPOConfig`) field is a flag, e.g. `--population_size 16 --sigma 0.1 --learning_rate 0.05`.
 """
@@ -23,7 +25,10 @@ class ScriptArguments:
 
 
 def main(script_args: ScriptArguments, training_args: ESConfig):
-    model_path = save_tiny_model(f"{training_args.output_dir}/base-model", initializer_range=DEMO_INITIALIZER_RANGE)
+    with training_args.main_process_first(desc="building the tiny model"):  # one process writes it, the others read
+        model_path = save_tiny_model(
+            f"{training_args.output_dir}/base-model", initializer_range=DEMO_INITIALIZER_RANGE
+        )
     trainer = ESTrainer(
         model=str(model_path),
         reward_funcs=digit_fraction,
