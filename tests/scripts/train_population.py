@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 
 import torch
-from datasets import Dataset
+from fast_es import MOVING, fast_es_config
 from safetensors.torch import save_file
 from transformers import TrainerCallback
 
-from trl_es import ESConfig, ESTrainer
+from trl_es import ESTrainer
+from trl_es.toy_task import digit_fraction, digit_prompts
 
 
 class CorruptRank(TrainerCallback):
@@ -39,29 +40,15 @@ def main():
     cli = parser.parse_args()
 
     processes = int(os.environ.get("WORLD_SIZE", 1))  # read before the config creates the distributed state
-    args = ESConfig(
-        output_dir=cli.output_dir,
-        population_size=4,
+    args = fast_es_config(
+        cli.output_dir,
         per_device_train_batch_size=cli.prompts_per_step // processes,
-        max_completion_length=6,
-        temperature=1.0,
-        sigma=0.05,
-        learning_rate=0.01,
         max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
         use_vllm=cli.use_vllm,
         vllm_mode="colocate",
+        **MOVING,
     )
-
-    def digit_reward(completions, **kwargs):
-        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-    dataset = Dataset.from_dict({"prompt": [f"Item {k}:" for k in range(16)]})
-    trainer = ESTrainer(model=cli.model, reward_funcs=digit_reward, args=args, train_dataset=dataset)
+    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(16))
     if cli.corrupt_rank is not None:
         trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))
     trainer.train()

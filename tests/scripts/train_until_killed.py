@@ -7,9 +7,10 @@ import argparse
 import os
 import signal
 
-from datasets import Dataset
+from fast_es import MOVING, fast_es_config
 
-from trl_es import ESConfig, ESTrainer
+from trl_es import ESTrainer
+from trl_es.toy_task import digit_fraction, digit_prompts
 
 
 def main():
@@ -27,26 +28,10 @@ def main():
         calls += 1
         if calls == cli.kill_at_reward_call:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handlers: as a crash or an OOM kill
-        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+        return digit_fraction(completions)
 
-    args = ESConfig(
-        output_dir=cli.output_dir,
-        population_size=4,
-        per_device_train_batch_size=4,
-        max_completion_length=6,
-        temperature=1.0,
-        sigma=0.05,
-        learning_rate=0.01,
-        max_steps=6,
-        save_strategy="steps",
-        save_steps=2,
-        logging_steps=1,
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-    )
-    dataset = Dataset.from_dict({"prompt": [f"Item {k}:" for k in range(8)]})
-    trainer = ESTrainer(model=cli.model, reward_funcs=digit_reward, args=args, train_dataset=dataset)
+    args = fast_es_config(cli.output_dir, max_steps=6, save_strategy="steps", save_steps=2, **MOVING)
+    trainer = ESTrainer(model=cli.model, reward_funcs=digit_reward, args=args, train_dataset=digit_prompts(8))
     trainer.train(resume_from_checkpoint=True if cli.resume else None)
     trainer.save_model(os.path.join(cli.output_dir, "final"))
 
