@@ -55,6 +55,10 @@ def test_es_then_grpo_hands_over_exactly_the_saved_weights(tmp_path, tiny_model_
     assert all(torch.equal(es_saved[name], grpo_start[name]) for name in es_saved)
     assert not all(torch.equal(es_saved[name], recorder.starts[0][name]) for name in es_saved)  # ES moved them
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    card = (final / "README.md").read_text()
+    assert "ES → GRPO" in card
+    assert "| 0 | ES | " in card and "`population_size=4`" in card and "`sigma=0.05`" in card
+    assert "| 1 | GRPO | " in card and "`num_generations=2`" in card
 
 
 def test_grpo_then_es_with_a_stage_dataset(tmp_path, tiny_model_path):

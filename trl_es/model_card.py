@@ -8,6 +8,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 TEMPLATE_NAME = "es_model_card.md"
+SEQUENTIAL_TEMPLATE_NAME = "sequential_model_card.md"
 
 # The ES fields and the generation fields that decide what a member is scored on.
 CARD_HYPERPARAMETERS = (
@@ -29,10 +30,10 @@ CARD_HYPERPARAMETERS = (
 )
 
 
-def template_path() -> Path:
-    """The card template: shipped inside the wheel, or in the repository's `model_cards/` for a source checkout."""
-    packaged = Path(__file__).parent / "model_cards" / TEMPLATE_NAME
-    return packaged if packaged.is_file() else Path(__file__).parents[1] / "model_cards" / TEMPLATE_NAME
+def template_path(name: str = TEMPLATE_NAME) -> Path:
+    """A card template: shipped inside the wheel, or in the repository's `model_cards/` for a source checkout."""
+    packaged = Path(__file__).parent / "model_cards" / name
+    return packaged if packaged.is_file() else Path(__file__).parents[1] / "model_cards" / name
 
 
 def _version(package: str) -> str:
@@ -42,9 +43,54 @@ def _version(package: str) -> str:
         return "unknown"
 
 
+# What a GRPO stage's line in a sequential card shows.
+GRPO_CARD_HYPERPARAMETERS = (
+    "learning_rate",
+    "beta",
+    "loss_type",
+    "num_generations",
+    "temperature",
+    "max_completion_length",
+    "per_device_train_batch_size",
+    "max_steps",
+    "seed",
+)
+
+
 def es_hyperparameters(args) -> dict[str, object]:
     """The card's hyperparameter table, read from an `ESConfig`."""
     return {name: getattr(args, name) for name in CARD_HYPERPARAMETERS}
+
+
+def stage_hyperparameters(args) -> dict[str, object]:
+    """An ES or GRPO stage's hyperparameters, for the sequential card."""
+    from .es_config import ESConfig
+
+    names = CARD_HYPERPARAMETERS if isinstance(args, ESConfig) else GRPO_CARD_HYPERPARAMETERS
+    return {name: getattr(args, name) for name in names}
+
+
+def generate_sequential_model_card(
+    *, base_model: str | None, model_name: str, stages: list[dict], tags: list[str]
+) -> ModelCard:
+    """`stages`: one `{"method": "es" | "grpo", "hyperparameters": {...}}` per stage, in order."""
+    card_data = ModelCardData(
+        base_model=base_model,
+        library_name="transformers",
+        model_name=model_name,
+        tags=["generated_from_trainer", *tags],
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path(SEQUENTIAL_TEMPLATE_NAME)),
+        base_model=base_model,
+        model_name=model_name,
+        stages=stages,
+        trl_es_version=_version("trl-es"),
+        trl_version=_version("trl"),
+        transformers_version=_version("transformers"),
+        pytorch_version=_version("torch"),
+    )
 
 
 def generate_es_model_card(

@@ -19,6 +19,7 @@ from trl import GRPOConfig, GRPOTrainer
 from .checkpoint import last_complete_checkpoint
 from .es_config import ESConfig
 from .es_trainer import ESTrainer
+from .model_card import generate_sequential_model_card, stage_hyperparameters
 
 FINAL_DIR = "final"
 
@@ -97,14 +98,41 @@ class SequentialTrainer:
         return self.stage_dir(index) / FINAL_DIR
 
     def train(self) -> Path:
-        """Run the stages that have not finished; returns the folder of the final model."""
+        """Run the stages that have not finished; returns the folder of the final model, with its model card."""
         model = self.model
         for index, stage in enumerate(self.stages):
             final = self.final_model(index)
             if not (final / "config.json").is_file():
                 self._run_stage(index, stage, model)
             model = str(final)
+        self.create_model_card()
         return Path(model)
+
+    def create_model_card(self) -> None:
+        """Write `README.md` in the final model's folder: every stage with its method and hyperparameters."""
+        base_model = None if Path(self.model).is_dir() else self.model
+        stages = [{"method": s.method.upper(), "hyperparameters": stage_hyperparameters(s.args)} for s in self.stages]
+        card = generate_sequential_model_card(
+            base_model=base_model,
+            model_name=self.output_dir.name,
+            stages=stages,
+            tags=["trl", "trl-es", *sorted({s.method for s in self.stages})],
+        )
+        card.save(self.final_model(len(self.stages) - 1) / "README.md")
+
+    def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None) -> None:
+        """Push the final model (and its card) to `repo_id`; with `include_stages`, also every stage's final model
+        under `stage-<i>-<method>/`."""
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(self.final_model(len(self.stages) - 1)))
+        if include_stages:
+            for index in range(len(self.stages)):
+                api.upload_folder(
+                    repo_id=repo_id, folder_path=str(self.final_model(index)), path_in_repo=self.stage_dir(index).name
+                )
 
     def _run_stage(self, index: int, stage: Stage, model: str) -> None:
         args = copy.copy(stage.args)  # not dataclasses.replace: that would re-run the configs' __post_init__
