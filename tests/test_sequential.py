@@ -112,3 +112,15 @@ def test_an_interrupted_sequence_skips_finished_stages_and_resumes_the_running_o
     assert stage0_final.stat().st_mtime_ns == written  # stage 0 was not run again
     assert calls["count"] == 2 * 4  # stage 1 resumed from checkpoint-2: only steps 3 and 4 ran
     assert Path(tmp_path / "run" / "stage-1-es" / "final" / "model.safetensors").is_file()
+
+
+def test_two_colocated_vllm_stages_are_refused_up_front(tmp_path, tiny_model_path):
+    colocated = dict(use_vllm=True, vllm_mode="colocate")
+    with pytest.raises(NotImplementedError, match=r"Stages \[0, 1\] all use vllm_mode='colocate'"):
+        SequentialTrainer(
+            model=tiny_model_path,
+            stages=[fast_es_config(tmp_path, **colocated), grpo_config(tmp_path, **colocated)],
+            output_dir=tmp_path / "run",
+            reward_funcs=digit_fraction,
+            train_dataset=digit_prompts(8),
+        )

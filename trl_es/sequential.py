@@ -82,6 +82,15 @@ class SequentialTrainer:
         for index, stage in enumerate(self.stages):
             if not isinstance(stage.args, GRPOConfig):
                 raise TypeError(f"Stage {index} must be an ESConfig or a GRPOConfig, got {type(stage.args).__name__}.")
+        colocated = [
+            i for i, stage in enumerate(self.stages) if stage.args.use_vllm and stage.args.vllm_mode == "colocate"
+        ]
+        if len(colocated) > 1:
+            raise NotImplementedError(
+                f"Stages {colocated} all use vllm_mode='colocate', but vLLM cannot start a second in-process engine "
+                "in one process yet. Keep colocate for one stage and use vllm_mode='server' or use_vllm=False for the "
+                "others."
+            )
         self.output_dir = Path(output_dir)
         self.shared = dict(
             reward_funcs=reward_funcs,
