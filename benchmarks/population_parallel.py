@@ -60,6 +60,8 @@ def worker(cli):
     if trainer.accelerator.is_main_process:
         step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][1:]  # skip warm-up
         Path(cli.worker_output).write_text(json.dumps({"processes": processes, "step_times": step_times}))
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # a rank that exits while gloo threads still run aborts
 
 
 def main():

@@ -37,6 +37,7 @@ def main(script_args: ScriptArguments, training_args: ESConfig):
     )
     trainer.train()
     trainer.save_model(training_args.output_dir)
+    trainer.accelerator.end_training()  # shut the process group down cleanly under multi-process launches
 
 
 if __name__ == "__main__":

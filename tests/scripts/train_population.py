@@ -59,6 +59,9 @@ def main():
         save_file(master, f"{cli.output_dir}/master.safetensors")
         torch.save([h.get("reward") for h in trainer.state.log_history], f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
+    # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
