@@ -5,28 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from scripts.fast_es import MOVING, fast_es_config
+from scripts.fast_es import MOVING, fast_es_config, fast_grpo_config
 from transformers import TrainerCallback
-from trl import GRPOConfig
 
 from trl_es.sequential import SequentialTrainer, Stage
 from trl_es.toy_task import digit_fraction, digit_prompts
-
-
-def grpo_config(output_dir, **overrides):
-    defaults = dict(
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=6,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-        bf16=False,
-    )
-    return GRPOConfig(output_dir=str(output_dir), **{**defaults, **overrides})
 
 
 class RecordStartWeights(TrainerCallback):
@@ -41,7 +24,7 @@ def test_es_then_grpo_hands_over_exactly_the_saved_weights(tmp_path, tiny_model_
     recorder = RecordStartWeights()
     sequence = SequentialTrainer(
         model=tiny_model_path,
-        stages=[fast_es_config(tmp_path, **MOVING), grpo_config(tmp_path)],
+        stages=[fast_es_config(tmp_path, **MOVING), fast_grpo_config(tmp_path)],
         output_dir=tmp_path / "run",
         reward_funcs=digit_fraction,
         train_dataset=digit_prompts(8),
@@ -71,7 +54,7 @@ def test_grpo_then_es_with_a_stage_dataset(tmp_path, tiny_model_path):
 
     sequence = SequentialTrainer(
         model=tiny_model_path,
-        stages=[grpo_config(tmp_path, max_steps=1), Stage(fast_es_config(tmp_path, max_steps=1), es_prompts)],
+        stages=[fast_grpo_config(tmp_path, max_steps=1), Stage(fast_es_config(tmp_path, max_steps=1), es_prompts)],
         output_dir=tmp_path / "run",
         reward_funcs=spy,
         train_dataset=digit_prompts(8),
@@ -119,7 +102,7 @@ def test_two_colocated_vllm_stages_are_refused_up_front(tmp_path, tiny_model_pat
     with pytest.raises(NotImplementedError, match=r"Stages \[0, 1\] all use vllm_mode='colocate'"):
         SequentialTrainer(
             model=tiny_model_path,
-            stages=[fast_es_config(tmp_path, **colocated), grpo_config(tmp_path, **colocated)],
+            stages=[fast_es_config(tmp_path, **colocated), fast_grpo_config(tmp_path, **colocated)],
             output_dir=tmp_path / "run",
             reward_funcs=digit_fraction,
             train_dataset=digit_prompts(8),

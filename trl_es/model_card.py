@@ -70,27 +70,30 @@ def stage_hyperparameters(args) -> dict[str, object]:
     return {name: getattr(args, name) for name in names}
 
 
+def _render(template_name: str, card_data: ModelCardData, **context) -> ModelCard:
+    """Fill a template of `model_cards/` with `context` and the framework versions."""
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path(template_name)),
+        trl_es_version=_version("trl-es"),
+        trl_version=_version("trl"),
+        transformers_version=_version("transformers"),
+        pytorch_version=_version("torch"),
+        **context,
+    )
+
+
 def generate_sequential_model_card(
     *, base_model: str | None, model_name: str, stages: list[dict], tags: list[str]
 ) -> ModelCard:
-    """`stages`: one `{"method": "es" | "grpo", "hyperparameters": {...}}` per stage, in order."""
+    """`stages`: one `{"method": "ES" | "GRPO", "hyperparameters": {...}}` per stage, in order."""
     card_data = ModelCardData(
         base_model=base_model,
         library_name="transformers",
         model_name=model_name,
         tags=["generated_from_trainer", *tags],
     )
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(template_path(SEQUENTIAL_TEMPLATE_NAME)),
-        base_model=base_model,
-        model_name=model_name,
-        stages=stages,
-        trl_es_version=_version("trl-es"),
-        trl_version=_version("trl"),
-        transformers_version=_version("transformers"),
-        pytorch_version=_version("torch"),
-    )
+    return _render(SEQUENTIAL_TEMPLATE_NAME, card_data, base_model=base_model, model_name=model_name, stages=stages)
 
 
 def generate_es_model_card(
@@ -111,9 +114,9 @@ def generate_es_model_card(
         model_name=model_name,
         tags=["generated_from_trainer", *tags],
     )
-    return ModelCard.from_template(
+    return _render(
+        TEMPLATE_NAME,
         card_data,
-        template_path=str(template_path()),
         base_model=base_model,
         model_name=model_name,
         hub_model_id=hub_model_id or model_name,
@@ -121,8 +124,4 @@ def generate_es_model_card(
         wandb_url=wandb_url,
         trackio_url=trackio_url,
         hyperparameters=hyperparameters,
-        trl_es_version=_version("trl-es"),
-        trl_version=_version("trl"),
-        transformers_version=_version("transformers"),
-        pytorch_version=_version("torch"),
     )
