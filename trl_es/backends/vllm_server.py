@@ -57,9 +57,9 @@ class VLLMServerBackend:
 
     # HTTP -----------------------------------------------------------------------------------------------------
 
-    def _post(self, path: str, payload: dict) -> requests.Response:
+    def _request(self, method: str, path: str, payload: dict | None = None) -> requests.Response:
         try:
-            response = self.session.post(f"{self.base_url}{path}", json=payload, timeout=self.timeout)
+            response = self.session.request(method, f"{self.base_url}{path}", json=payload, timeout=self.timeout)
         except requests.ConnectionError as error:
             raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
         if response.status_code == 404 and path == "/collective_rpc":
@@ -75,18 +75,13 @@ class VLLMServerBackend:
         return response
 
     def _served_model(self) -> str:
-        try:
-            response = self.session.get(f"{self.base_url}/v1/models", timeout=self.timeout)
-        except requests.ConnectionError as error:
-            raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
-        response.raise_for_status()
-        return response.json()["data"][0]["id"]
+        return self._request("GET", "/v1/models").json()["data"][0]["id"]
 
     def _rpc(self, method: str, *args) -> list:
         """Call `method` of the worker extension in every worker of the server; returns one result per worker."""
         payload = {"method": method, "args": [str(arg) for arg in args], "timeout": self.timeout}
         try:
-            return self._post("/collective_rpc", payload).json()["results"]
+            return self._request("POST", "/collective_rpc", payload).json()["results"]
         except VLLMServerError as error:
             if "holds no ES run" in str(error):
                 raise VLLMServerError(
@@ -143,7 +138,7 @@ class VLLMServerBackend:
                 "cache_salt": self.weights_tag,  # no KV block computed under other weights can match
                 **self.sampling.for_row(seed, row),
             }
-            return list(self._post("/v1/completions", payload).json()["choices"][0]["token_ids"])
+            return list(self._request("POST", "/v1/completions", payload).json()["choices"][0]["token_ids"])
 
         # One request per row (each row has its own seed); concurrent, so the server batches them.
         with ThreadPoolExecutor(max_workers=min(64, max(1, len(prompt_ids)))) as pool:
