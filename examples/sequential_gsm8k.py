@@ -1,0 +1,75 @@
+"""ES then GRPO (or GRPO then ES) on GSM8K with SequentialTrainer, in TRL's example style.
+
+    accelerate launch examples/sequential_gsm8k.py --output_dir Qwen2.5-0.5B-ES-GRPO-GSM8K \\
+        --max_steps 200 --grpo_overrides '{"max_steps": 200}'
+    accelerate launch examples/sequential_gsm8k.py --order grpo-then-es --output_dir Qwen2.5-0.5B-GRPO-ES-GSM8K \\
+        --max_steps 200 --grpo_overrides '{"max_steps": 200}'
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml examples/sequential_gsm8k.py \\
+        --output_dir Qwen2.5-0.5B-ES-GRPO-GSM8K --population_size 32
+
+Without the Hugging Face Hub, generate GSM8K-style problems locally and pass a local model:
+
+    python examples/sequential_gsm8k.py --dataset_name reasoning-gym/gsm_symbolic --model_name_or_path ./my-model \\
+        --output_dir es-grpo-gsm8k --use_cpu --grpo_overrides '{"bf16": false}'
+
+The flags are ESConfig's and configure the ES stage. The GRPO stage copies them, except the fields whose meaning or
+default ES redefines (`learning_rate`, `lr_scheduler_type`, `num_generations`, `temperature`, `bf16`, ...), which keep
+GRPOConfig's defaults; `--grpo_overrides` (JSON) sets fields of the GRPO stage only and `--es_overrides` fields of the
+ES stage only (`trl_es/stage_configs.py`). `trl-es es-then-grpo` runs the same with any dataset and reward.
+"""
+
+from dataclasses import dataclass, field
+
+from accelerate import PartialState
+from trl import ModelConfig, ScriptArguments, TrlParser
+from trl.rewards import accuracy_reward
+
+from trl_es import ESConfig
+from trl_es.gsm8k import HUB_DATASET, gsm8k_dataset
+from trl_es.sequential import SequentialTrainer
+from trl_es.stage_configs import SequenceArguments, stage_configs
+
+
+@dataclass
+class GSM8KArguments(ScriptArguments):
+    dataset_name: str | None = field(
+        default=HUB_DATASET, metadata={"help": "Hub dataset, or reasoning-gym/gsm_symbolic."}
+    )
+    dataset_config: str | None = field(default="main", metadata={"help": "Configuration of the Hub dataset."})
+    num_offline_problems: int = field(default=1024, metadata={"help": "Problems to generate with reasoning-gym."})
+
+
+def main(script_args: GSM8KArguments, sequence_args: SequenceArguments, training_args: ESConfig, model_args):
+    training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
+    dataset = gsm8k_dataset(
+        script_args.dataset_name,
+        script_args.dataset_config,
+        split=script_args.dataset_train_split,
+        num_offline_problems=script_args.num_offline_problems,
+        seed=training_args.seed,
+    )
+    stages = stage_configs(
+        training_args,
+        sequence_args.order,
+        es_overrides=sequence_args.es_overrides,
+        grpo_overrides=sequence_args.grpo_overrides,
+    )
+    sequence = SequentialTrainer(
+        model=model_args.model_name_or_path,
+        stages=stages,
+        output_dir=training_args.output_dir,
+        reward_funcs=accuracy_reward,
+        train_dataset=dataset,
+    )
+    final_model = sequence.train()
+    state = PartialState()
+    if state.is_main_process:
+        print(f"Final model (with a model card listing both stages): {final_model}")
+    state.wait_for_everyone()
+    state.destroy_process_group()  # shut the process group down cleanly under multi-process launches
+
+
+if __name__ == "__main__":
+    parser = TrlParser((GSM8KArguments, SequenceArguments, ESConfig, ModelConfig))
+    parser.set_defaults(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", max_completion_length=512, report_to="none")
+    main(*parser.parse_args_and_config())

@@ -1,0 +1,256 @@
+"""`trl-es es`, `trl-es es-then-grpo` and `trl-es grpo-then-es`: launching, accelerate configs and stage configs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from trl import DatasetMixtureConfig, GRPOConfig
+
+from trl_es import ESConfig
+from trl_es.cli import TRAINING_COMMANDS, accelerate_launch_args, main, resolve_accelerate_config_argument
+from trl_es.scripts.es import ESScriptArguments, load_datasets, load_reward_funcs
+from trl_es.stage_configs import ES_REDEFINED_FIELDS, SequenceArguments, stage_configs
+
+REPO = Path(__file__).parents[1]
+CONFIGS = REPO / "examples" / "accelerate_configs"
+
+
+def es_args(tmp_path, **overrides) -> ESConfig:
+    settings = dict(output_dir=str(tmp_path / "run"), use_cpu=True, per_device_train_batch_size=8, report_to="none")
+    return ESConfig(**{**settings, **overrides})
+
+
+# Stage configs
+
+
+def test_es_redefined_fields_are_the_ones_whose_defaults_differ():
+    assert {"learning_rate", "lr_scheduler_type", "num_generations", "temperature"} <= set(ES_REDEFINED_FIELDS)
+    assert {"bf16", "disable_dropout"} <= set(ES_REDEFINED_FIELDS)
+    assert "max_steps" not in ES_REDEFINED_FIELDS
+
+
+def test_the_grpo_stage_keeps_grpo_defaults_for_the_fields_es_redefines(tmp_path):
+    args = es_args(tmp_path, learning_rate=1e-3, temperature=0.5, lr_scheduler_type="cosine", disable_dropout=False)
+    with pytest.warns(UserWarning, match="configure the ES stage only: .*learning_rate=0.001"):
+        es_stage, grpo_stage = stage_configs(args, "es-then-grpo")
+    assert isinstance(es_stage, ESConfig) and type(grpo_stage) is GRPOConfig
+    assert (es_stage.learning_rate, es_stage.temperature, es_stage.num_generations) == (1e-3, 0.5, 1)
+    defaults = GRPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    for name in ("learning_rate", "lr_scheduler_type", "num_generations", "temperature", "disable_dropout"):
+        assert getattr(grpo_stage, name) == getattr(defaults, name), name
+
+
+def test_the_grpo_stage_copies_the_other_flags(tmp_path):
+    args = es_args(tmp_path, max_steps=7, max_completion_length=12, seed=3, top_p=0.9, beta=0.04)
+    _, grpo_stage = stage_configs(args)
+    assert (grpo_stage.max_steps, grpo_stage.max_completion_length, grpo_stage.seed) == (7, 12, 3)
+    assert (grpo_stage.top_p, grpo_stage.beta, grpo_stage.use_cpu, grpo_stage.per_device_train_batch_size) == (
+        0.9,
+        0.04,
+        True,
+        8,
+    )
+    assert grpo_stage.output_dir == args.output_dir and not grpo_stage.push_to_hub
+
+
+def test_without_overrides_the_es_stage_is_the_parsed_config(tmp_path):
+    args = es_args(tmp_path, population_size=6, sigma=0.01, max_steps=3, temperature=0.7, model_init_kwargs={"a": 1})
+    es_stage, _ = stage_configs(args)
+    assert es_stage.to_dict() == args.to_dict()
+
+
+def test_overrides_set_fields_of_their_stage_only(tmp_path):
+    args = es_args(tmp_path, max_steps=5)
+    es_stage, grpo_stage = stage_configs(
+        args,
+        es_overrides={"max_steps": 3, "sigma": 0.01},
+        grpo_overrides='{"learning_rate": 2e-6, "max_steps": 50, "num_generations": 4}',
+    )
+    assert (es_stage.max_steps, es_stage.sigma, es_stage.learning_rate) == (3, 0.01, 5e-4)
+    assert (grpo_stage.max_steps, grpo_stage.learning_rate, grpo_stage.num_generations) == (50, 2e-6, 4)
+
+
+def test_grpo_then_es_puts_the_grpo_stage_first(tmp_path):
+    stages = stage_configs(es_args(tmp_path), "grpo-then-es")
+    assert [type(stage) for stage in stages] == [GRPOConfig, ESConfig]
+    with pytest.raises(ValueError, match="Unknown order 'es-then-sft': use one of es-then-grpo, grpo-then-es"):
+        stage_configs(es_args(tmp_path), "es-then-sft")
+
+
+def test_an_unknown_override_key_names_the_key_and_the_field_it_meant(tmp_path):
+    with pytest.raises(ValueError, match=r"grpo_overrides has the key 'learning_rat'.*Did you mean 'learning_rate'"):
+        stage_configs(es_args(tmp_path), grpo_overrides={"learning_rat": 1e-6})
+    with pytest.raises(ValueError, match=r"population_size is an ES field: set it as a top-level flag .*es_overrides"):
+        stage_configs(es_args(tmp_path), grpo_overrides={"population_size": 8})
+
+
+def test_overrides_are_read_from_json_and_yaml_number_strings():
+    sequence = SequenceArguments(order="grpo-then-es", grpo_overrides='{"max_steps": 50}', es_overrides=None)
+    assert (sequence.grpo_overrides, sequence.es_overrides) == ({"max_steps": 50}, {})
+    # YAML reads `1e-6` as a string; the override converts it as the command line would.
+    assert SequenceArguments(grpo_overrides={"learning_rate": "1e-6", "bf16": "false"}).grpo_overrides == {
+        "learning_rate": 1e-6,
+        "bf16": False,
+    }
+    with pytest.raises(ValueError, match=r"grpo_overrides is not valid JSON .*--grpo_overrides '\{"):
+        SequenceArguments(grpo_overrides="{max_steps: 50}")
+
+
+def test_an_invalid_grpo_stage_says_to_use_grpo_overrides(tmp_path):
+    args = es_args(tmp_path, per_device_train_batch_size=4)  # GRPO's 8 completions per prompt do not fit
+    with pytest.raises(ValueError, match=r"(?s)The GRPO stage's GRPOConfig is invalid: .*--grpo_overrides"):
+        stage_configs(args)
+
+
+# Launching
+
+
+def launch_args(command: str, *argv: str) -> list[str]:
+    return accelerate_launch_args(TRAINING_COMMANDS[command], list(argv))
+
+
+def test_accelerate_config_name_becomes_our_config_file():
+    args = launch_args("es", "--output_dir", "out", "--accelerate_config", "multi_gpu", "--num_processes", "2")
+    script = str(REPO / "trl_es" / "scripts" / "es.py")
+    assert args == [
+        "--config_file",
+        str(CONFIGS / "multi_gpu.yaml"),
+        "--num_processes",
+        "2",
+        script,
+        "--output_dir",
+        "out",
+    ]
+
+
+def test_an_accelerate_config_path_is_used_as_it_is(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("distributed_type: 'NO'\n")
+    assert resolve_accelerate_config_argument(["--accelerate_config", str(path)]) == ["--config_file", str(path)]
+
+
+def test_an_unknown_accelerate_config_lists_the_valid_names(capsys):
+    names = "deepspeed_zero2, deepspeed_zero3, multi_gpu, multi_node, single_gpu"
+    with pytest.raises(ValueError, match=f"Unknown accelerate config 'eight_gpus'.*\\({names}\\)"):
+        resolve_accelerate_config_argument(["--accelerate_config", "eight_gpus"])
+    with pytest.raises(SystemExit) as exit:
+        main(["es", "--output_dir", "out", "--accelerate_config", "eight_gpus"])
+    assert exit.value.code == 2 and names in capsys.readouterr().err
+
+
+def test_the_sequence_commands_set_the_order():
+    assert launch_args("grpo-then-es", "--output_dir", "out")[-2:] == ["--order", "grpo-then-es"]
+    with pytest.raises(ValueError, match="sets --order es-then-grpo; drop --order"):
+        launch_args("es-then-grpo", "--order", "grpo-then-es")
+
+
+def test_yaml_keys_the_script_does_not_take_go_to_accelerate(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "output_dir: out\nnum_processes: 2\naccelerate_config: multi_gpu\ngrpo_overrides:\n  learning_rate: 1e-6\n"
+    )
+    args = launch_args("es-then-grpo", "--config", str(config))
+    assert args[:4] == ["--config_file", str(CONFIGS / "multi_gpu.yaml"), "--num_processes", "2"]
+    assert args[4:] == [str(REPO / "trl_es" / "scripts" / "sequential.py"), "--config", str(config)] + [
+        "--order",
+        "es-then-grpo",
+    ]
+
+
+def test_an_unknown_dataset_lists_the_built_in_tasks(tmp_path):
+    script_args = ESScriptArguments(dataset_name=str(tmp_path / "missing"))
+    with pytest.raises(RuntimeError, match="built-in task: openai/gsm8k, reasoning-gym/gsm_symbolic"):
+        load_datasets(script_args, DatasetMixtureConfig(), seed=0, with_eval=False)
+
+
+def test_the_arithmetic_task_and_its_reward_are_built_in_when_their_module_is_there():
+    pytest.importorskip("trl_es.arithmetic")
+    script_args = ESScriptArguments(
+        dataset_name="arithmetic", num_offline_problems=4, reward_funcs=["arithmetic_reward"]
+    )
+    train_dataset, eval_dataset = load_datasets(script_args, DatasetMixtureConfig(), seed=0, with_eval=True)
+    assert len(train_dataset) == 4 and {"prompt", "answer"} <= set(train_dataset.column_names)
+    assert len(eval_dataset) == 4  # the `test` split
+    assert [func.__name__ for func in load_reward_funcs(script_args)] == ["arithmetic_reward"]
+
+
+# End to end: the command, accelerate launch and the script, on CPU
+
+
+@pytest.fixture
+def prompts_folder(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = [
+        {"prompt": [{"role": "user", "content": f"What is {k} plus 1?"}], "solution": str(k + 1)} for k in range(8)
+    ]
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+FAST_FLAGS = dict(
+    use_cpu=True,
+    per_device_train_batch_size=4,
+    population_size=4,
+    max_steps=2,
+    max_completion_length=8,
+    report_to="none",
+    save_strategy="no",
+)
+
+
+def run_trl_es(*argv: str, cwd: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "trl_es.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def saved_args(folder: Path):
+    return torch.load(folder / "training_args.bin", weights_only=False)  # our own run's pickle
+
+
+@pytest.mark.slow
+def test_trl_es_es_trains_and_saves_the_model(tmp_path, tiny_model_path, prompts_folder):
+    flags = [item for name, value in FAST_FLAGS.items() for item in (f"--{name}", str(value))]
+    run_trl_es(
+        "es",
+        *("--model_name_or_path", tiny_model_path, "--dataset_name", str(prompts_folder)),
+        *("--reward_funcs", "accuracy_reward", "trl_es.toy_task.digit_fraction"),
+        *("--output_dir", str(tmp_path / "es"), "--accelerate_config", "multi_gpu", "--num_processes", "2", *flags),
+        cwd=tmp_path,
+    )
+    assert (tmp_path / "es" / "model.safetensors").is_file() and (tmp_path / "es" / "tokenizer.json").is_file()
+    assert saved_args(tmp_path / "es").population_size == 4
+
+
+@pytest.mark.slow
+def test_trl_es_es_then_grpo_from_a_yaml_config(tmp_path, tiny_model_path, prompts_folder):
+    config = {
+        "model_name_or_path": tiny_model_path,
+        "dataset_name": str(prompts_folder),
+        "reward_funcs": ["trl_es.toy_task.digit_fraction"],
+        "output_dir": str(tmp_path / "run"),
+        **FAST_FLAGS,
+        "learning_rate": 0.001,
+        "temperature": 0.7,
+        "grpo_overrides": {"num_generations": 2, "bf16": False, "max_steps": 1, "learning_rate": 3e-6},
+        "num_processes": 1,  # no field of the script: goes to accelerate launch
+    }
+    (tmp_path / "run.yaml").write_text(json.dumps(config))  # JSON is YAML
+    run_trl_es("es-then-grpo", "--config", str(tmp_path / "run.yaml"), cwd=tmp_path)
+
+    es_final, grpo_final = tmp_path / "run" / "stage-0-es" / "final", tmp_path / "run" / "stage-1-grpo" / "final"
+    assert (es_final / "model.safetensors").is_file() and (grpo_final / "model.safetensors").is_file()
+    es_stage, grpo_stage = saved_args(es_final), saved_args(grpo_final)
+    assert (es_stage.learning_rate, es_stage.temperature, es_stage.max_steps) == (0.001, 0.7, 2)
+    assert type(grpo_stage) is GRPOConfig
+    assert (grpo_stage.learning_rate, grpo_stage.num_generations, grpo_stage.max_steps) == (3e-6, 2, 1)  # overrides
+    assert grpo_stage.temperature == 1.0  # redefined by ES: GRPO's default, not the top-level 0.7
+    assert (grpo_stage.max_completion_length, grpo_stage.per_device_train_batch_size) == (8, 4)  # copied
+    assert "| 1 | GRPO | " in (grpo_final / "README.md").read_text()
