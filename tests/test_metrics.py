@@ -1,0 +1,77 @@
+"""Pass@k, Maj@k and JS diversity against values worked out by hand."""
+
+import pytest
+
+from trl_es.metrics import bernoulli_entropy, js_diversity, maj_at_k, pass_at_k
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (4, 1, 2, 1 - 3 / 6),  # 1 - C(3,2)/C(4,2)
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+        (10, 3, 1, 0.3),  # Pass@1 is the fraction correct
+        (8, 0, 4, 0.0),  # nothing correct
+        (8, 8, 4, 1.0),  # everything correct
+        (8, 5, 4, 1.0),  # fewer than k wrong samples: any k contain a correct one
+    ],
+)
+def test_pass_at_k_matches_the_hand_computed_value(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("n, c, k", [(4, 1, 5), (4, 1, 0), (4, 5, 2), (4, -1, 2)])
+def test_pass_at_k_rejects_impossible_arguments(n, c, k):
+    with pytest.raises(ValueError, match="k=|c="):
+        pass_at_k(n, c, k)
+
+
+def test_maj_at_k_over_all_samples_is_the_plain_vote():
+    assert maj_at_k(["3", "3", "5", None], "3", k=4) == 1.0
+    assert maj_at_k(["5", "3", "5", None], "3", k=4) == 0.0
+    assert maj_at_k([None, None], "3", k=2) == 0.0  # no answer never wins
+
+
+def test_maj_at_k_breaks_ties_by_first_answer_seen():
+    assert maj_at_k(["3", "5"], "3", k=2) == 1.0
+    assert maj_at_k(["5", "3"], "3", k=2) == 0.0
+
+
+def test_maj_at_1_is_the_mean_accuracy_and_subsets_are_averaged():
+    answers = ["1", "1", "2"]
+    assert maj_at_k(answers, "1", k=1) == pytest.approx(2 / 3)
+    # k=2: subsets {1,1} -> 1, {1,2} -> 1 (first seen), {1,2} -> 1
+    assert maj_at_k(answers, "1", k=2) == 1.0
+    assert maj_at_k(answers, "2", k=2) == 0.0
+
+
+def test_maj_at_k_samples_subsets_reproducibly_when_there_are_too_many():
+    answers = ["1"] * 10 + ["2"] * 10
+    first = maj_at_k(answers, "1", k=5, max_subsets=200, seed=3)
+    assert first == maj_at_k(answers, "1", k=5, max_subsets=200, seed=3)
+    assert 0.3 < first < 0.7  # symmetric answers: the vote goes either way about equally often
+
+
+def test_maj_at_k_rejects_k_above_the_number_of_samples():
+    with pytest.raises(ValueError, match="k=3 with n=2"):
+        maj_at_k(["1", "2"], "1", k=3)
+
+
+def test_js_diversity_is_zero_for_identical_members():
+    assert js_diversity([0.3, 0.3, 0.3]) == pytest.approx(0.0)
+
+
+def test_js_diversity_is_one_bit_for_a_maximally_split_population():
+    assert js_diversity([1.0, 0.0]) == pytest.approx(1.0)
+    assert js_diversity([1.0, 1.0, 0.0, 0.0]) == pytest.approx(1.0)
+
+
+def test_js_diversity_lies_between_the_extremes():
+    value = js_diversity([0.9, 0.1])
+    assert value == pytest.approx(1.0 - bernoulli_entropy(0.9))
+    assert 0.0 < value < 1.0
+
+
+def test_bernoulli_entropy_rejects_non_probabilities():
+    with pytest.raises(ValueError, match="p=1.5"):
+        bernoulli_entropy(1.5)
