@@ -34,10 +34,21 @@ _CORPUS = [
 ]
 
 
-def build_tiny_tokenizer(vocab_size: int = 320, chat_template: bool = True) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on a built-in corpus (deterministic, well under a second)."""
+def build_tiny_tokenizer(
+    vocab_size: int = 320, chat_template: bool = True, corpus: list[str] | None = None, individual_digits: bool = False
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `corpus` (default: a built-in one); deterministic, well under a second.
+
+    `individual_digits` keeps every digit a token of its own, as Llama and Qwen do, so numbers are spelled digit by
+    digit (what arithmetic needs) instead of being merged into arbitrary chunks.
+    """
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if individual_digits
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -45,7 +56,7 @@ def build_tiny_tokenizer(vocab_size: int = 320, chat_template: bool = True) -> P
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator(corpus or _CORPUS * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=EOS_TOKEN,
@@ -59,14 +70,18 @@ def build_tiny_tokenizer(vocab_size: int = 320, chat_template: bool = True) -> P
 
 
 def build_tiny_qwen2(
-    tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64, initializer_range: float = 0.02
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    hidden_size: int = 64,
+    initializer_range: float = 0.02,
+    num_hidden_layers: int = 2,
 ) -> Qwen2ForCausalLM:
-    """A randomly initialised 2-layer Qwen2 whose vocabulary matches `tokenizer`."""
+    """A randomly initialised Qwen2 (2 layers by default) whose vocabulary matches `tokenizer`."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=hidden_size // 32,
         num_key_value_heads=1,
         head_dim=32,

@@ -1,0 +1,70 @@
+"""The embedded arithmetic task: problems, splits, the verifier, and the script that pretrains the demo model."""
+
+import pytest
+import torch
+
+from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer, problem
+from trl_es.pretrain_arithmetic import MISREAD_FRACTION, pretrain, written_answer
+
+
+def test_problems_are_a_pure_function_of_split_and_index():
+    assert problem("test", 7) == problem("test", 7)
+    assert problem("test", 7) != problem("train", 7)
+
+
+def test_pretraining_never_sees_a_held_out_question():
+    held_out = {problem(split, i).question for split in ("train", "test") for i in range(10_000)}
+    assert not held_out & {problem("pretrain", i).question for i in range(5_000)}
+
+
+def test_answers_are_right_and_misread_answers_use_the_other_operation():
+    for index in range(200):
+        drawn = problem("test", index)
+        a, b = (int(token) for token in drawn.question.replace("?", " ").replace(".", " ").split() if token.isdigit())
+        if "minus" in drawn.question or "away" in drawn.question or "lost" in drawn.question:
+            assert (drawn.answer, drawn.misread_answer) == (a - b, a + b)
+        else:
+            assert (drawn.answer, drawn.misread_answer) == (a + b, abs(a - b))
+
+
+def test_pretraining_text_misreads_about_the_stated_fraction_of_problems():
+    misread = [written_answer(i) != problem("pretrain", i).answer for i in range(2_000)]
+    # a misread of a + 0 or a - 0 gives the right answer, so slightly fewer than MISREAD_FRACTION differ
+    assert MISREAD_FRACTION - 0.1 < sum(misread) / len(misread) <= MISREAD_FRACTION + 0.03
+
+
+@pytest.mark.parametrize(
+    "completion, expected", [(" 42", "42"), (" 7 apples", "7"), (" 007", "7"), (" none", None), ("", None)]
+)
+def test_the_verifier_reads_the_first_number(completion, expected):
+    assert extract_answer(completion) == expected
+
+
+def test_the_reward_is_one_only_for_the_right_first_number():
+    rewards = arithmetic_reward([" 12", " 1 2", " twelve", [{"role": "assistant", "content": "12"}]], ["12"] * 4)
+    assert rewards == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_dataset_has_prompts_and_answers_and_refuses_too_many_held_out_problems():
+    dataset = arithmetic_dataset("test", 3)
+    assert dataset[0]["prompt"].startswith("Question: ") and dataset[0]["prompt"].endswith("\nAnswer:")
+    assert dataset[0]["answer"] == str(problem("test", 0).answer)
+    with pytest.raises(ValueError, match="size=20000"):
+        arithmetic_dataset("test", 20_000)
+    with pytest.raises(ValueError, match="'validation'"):
+        problem("validation", 0)
+
+
+def test_pretraining_is_deterministic(tmp_path):
+    weights = []
+    for run in ("a", "b"):
+        model_dir = pretrain(tmp_path / run, max_steps=3, batch_size=8, num_examples=64, log=lambda *args: None)
+        weights.append(_state(model_dir))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+
+
+def _state(model_dir):
+    from safetensors.torch import load_file
+
+    return load_file(model_dir / "model.safetensors")
