@@ -69,10 +69,10 @@ def main():
     if cli.worker_output:
         return worker(cli)
     if cli.model is None:
-        from trl_es.demo import DEMO_INITIALIZER_RANGE
         from trl_es.tiny_model import save_tiny_model
+        from trl_es.toy_task import PEAKED_INITIALIZER_RANGE
 
-        cli.model = str(save_tiny_model(tempfile.mkdtemp() + "/tiny", initializer_range=DEMO_INITIALIZER_RANGE))
+        cli.model = str(save_tiny_model(tempfile.mkdtemp() + "/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
     accelerate = Path(sys.executable).with_name("accelerate")
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     rows = []

@@ -34,13 +34,12 @@ def parse_args():
 def main():
     cli = parse_args()
     from trl_es import ESConfig, ESTrainer
-    from trl_es.demo import DEMO_INITIALIZER_RANGE
     from trl_es.noise import sampling_seed
     from trl_es.tiny_model import save_tiny_model
-    from trl_es.toy_task import digit_fraction, digit_prompts
+    from trl_es.toy_task import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts
 
     workdir = tempfile.mkdtemp(prefix="trl-es-bench-")
-    model = cli.model or str(save_tiny_model(f"{workdir}/tiny", initializer_range=DEMO_INITIALIZER_RANGE))
+    model = cli.model or str(save_tiny_model(f"{workdir}/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
     dataset = digit_prompts(cli.batch_size * cli.warmup)
     args = ESConfig(
         output_dir=f"{workdir}/run",

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from trl import TrlParser
 
 from trl_es import ESConfig, ESTrainer
-from trl_es.demo import DEMO_INITIALIZER_RANGE
 from trl_es.tiny_model import save_tiny_model
-from trl_es.toy_task import digit_fraction, digit_prompts
+from trl_es.toy_task import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts
 
 
 @dataclass
@@ -27,7 +26,7 @@ class ScriptArguments:
 def main(script_args: ScriptArguments, training_args: ESConfig):
     with training_args.main_process_first(desc="building the tiny model"):  # one process writes it, the others read
         model_path = save_tiny_model(
-            f"{training_args.output_dir}/base-model", initializer_range=DEMO_INITIALIZER_RANGE
+            f"{training_args.output_dir}/base-model", initializer_range=PEAKED_INITIALIZER_RANGE
         )
     trainer = ESTrainer(
         model=str(model_path),

@@ -10,6 +10,10 @@ from __future__ import annotations
 import torch
 from datasets import Dataset
 
+# A larger initialisation than the usual 0.02 gives a random model peaked output distributions, so a perturbation
+# changes what members write; with 0.02 every member samples near-uniform noise.
+PEAKED_INITIALIZER_RANGE = 0.3
+
 
 def digit_prompts(num_prompts: int, offset: int = 0) -> Dataset:
     """Plain-text prompts `"Item <k>:"`; use a different `offset` for a held-out set."""
