@@ -68,7 +68,7 @@ def _one_thread():
 
 def pretrain(
     output_dir: str | Path,
-    max_steps: int = 1500,
+    max_steps: int = 4000,
     batch_size: int = 64,
     learning_rate: float = 3e-3,
     num_examples: int = 50_000,
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", required=True, help="Where to save the model and tokenizer.")
     parser.add_argument(
-        "--max_steps", type=int, default=1500, help="Optimizer steps (the model stops early on purpose)."
+        "--max_steps", type=int, default=4000, help="Optimizer steps (the model stops early on purpose)."
     )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the initialisation and the data order.")
     args = parser.parse_args(argv)
