@@ -1,0 +1,59 @@
+"""CoverageEvalCallback: ES and GRPO runs log the same held-out coverage metrics, without disturbing their own."""
+
+import pytest
+from scripts.fast_es import fast_es_config, fast_grpo_config
+from trl import GRPOTrainer
+
+from trl_es import ESTrainer
+from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
+from trl_es.callbacks import CoverageEvalCallback
+from trl_es.demo import DEMO_MODEL
+
+EXPECTED = {"eval_arithmetic_greedy_accuracy", "eval_arithmetic_pass@1", "eval_arithmetic_pass@2"}
+EXPECTED |= {"eval_arithmetic_maj@1", "eval_arithmetic_maj@2", "eval_arithmetic_entropy"}
+
+
+def _logged_coverage(trainer_class, config, tmp_path):
+    trainer = trainer_class(
+        model=str(DEMO_MODEL),
+        reward_funcs=arithmetic_reward,
+        args=config(tmp_path, max_completion_length=4),
+        train_dataset=arithmetic_dataset("train", 16),
+    )
+    callback = CoverageEvalCallback(
+        trainer, {"arithmetic": arithmetic_dataset("test", 8)}, extract_answer, ks=(1, 2), eval_steps=1
+    )
+    trainer.add_callback(callback)
+    trainer.train()
+    history = trainer.state.log_history
+    return [entry for entry in history if "eval_arithmetic_pass@1" in entry], history, callback
+
+
+@pytest.mark.parametrize("trainer_class, config", [(ESTrainer, fast_es_config), (GRPOTrainer, fast_grpo_config)])
+def test_es_and_grpo_log_the_same_coverage_metrics_at_start_every_step_and_end(trainer_class, config, tmp_path):
+    evaluations, history, _ = _logged_coverage(trainer_class, config, tmp_path)
+    assert [entry["step"] for entry in evaluations] == [0, 1, 2]
+    for entry in evaluations:
+        assert EXPECTED <= entry.keys()
+        assert 0.0 <= entry["eval_arithmetic_pass@1"] <= entry["eval_arithmetic_pass@2"] <= 1.0
+        assert entry["eval_arithmetic_entropy"] > 0.0
+    # the trainer's own step metrics are still logged, once per step, in entries of their own
+    assert [entry["step"] for entry in history if "reward" in entry] == [1, 2]
+
+
+def test_the_callback_measures_the_model_the_trainer_holds(tmp_path):
+    evaluations, _, callback = _logged_coverage(ESTrainer, fast_es_config, tmp_path)
+    remeasured = callback.evaluate()
+    assert remeasured == {key: evaluations[-1][key] for key in remeasured}  # same weights, same seeds: same numbers
+
+
+def test_an_eval_set_without_answers_is_refused_with_the_column_to_add(tmp_path):
+    trainer = ESTrainer(
+        model=str(DEMO_MODEL),
+        reward_funcs=arithmetic_reward,
+        args=fast_es_config(tmp_path),
+        train_dataset=arithmetic_dataset("train", 16),
+    )
+    without_answers = arithmetic_dataset("test", 4).remove_columns("answer")
+    with pytest.raises(ValueError, match="answer_column"):
+        CoverageEvalCallback(trainer, without_answers, extract_answer)
