@@ -1,6 +1,7 @@
 """Pass@k, Maj@k and JS diversity against values worked out by hand."""
 
 import pytest
+import torch
 
 from trl_es.metrics import bernoulli_entropy, js_diversity, maj_at_k, pass_at_k
 
@@ -75,3 +76,29 @@ def test_js_diversity_lies_between_the_extremes():
 def test_bernoulli_entropy_rejects_non_probabilities():
     with pytest.raises(ValueError, match="p=1.5"):
         bernoulli_entropy(1.5)
+
+
+def test_the_population_diversity_of_a_step_reads_consecutive_completions_as_one_prompt():
+    from trl_es.es_trainer import _population_diversity
+
+    # 2 members x (2 prompts x 2 completions): they split on the first prompt and agree on the second
+    rewards = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    assert _population_diversity(rewards, num_generations=2) == pytest.approx((1.0 + 0.0) / 2)
+
+
+@pytest.mark.slow
+def test_es_logs_js_diversity_when_members_sample_several_completions(make_config, tmp_path):
+    from trl_es import ESTrainer
+    from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward
+    from trl_es.demo import DEMO_MODEL
+
+    config = make_config(num_generations=2, temperature=1.0, sigma=0.05, max_completion_length=4)
+    trainer = ESTrainer(
+        model=str(DEMO_MODEL),
+        reward_funcs=arithmetic_reward,
+        args=config,
+        train_dataset=arithmetic_dataset("train", 16),
+    )
+    trainer.train()
+    values = [entry["es/js_diversity"] for entry in trainer.state.log_history if "es/js_diversity" in entry]
+    assert len(values) == 2 and all(0.0 <= value <= 1.0 for value in values)

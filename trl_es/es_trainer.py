@@ -32,6 +32,7 @@ from .distributed import (
 from .es_config import ESConfig
 from .fitness import shape_fitness, update_coefficients
 from .master import MasterWeights
+from .metrics import js_diversity
 from .model_card import es_hyperparameters, generate_es_model_card
 from .noise import population, sampling_seed
 from .sampler import EpochSeededRepeatSampler
@@ -234,6 +235,10 @@ class ESTrainer(GRPOTrainer):
             check_ranks_agree(self.accelerator, master, step=self.state.global_step + 1)
             backend.check_consistency(self.model, step=self.state.global_step + 1)
         self._log_step_metrics(rewards_per_func, completion_rewards, fitness, update_norm, seconds)
+        if args.num_generations > 1:
+            self._metrics["train"]["es/js_diversity"].append(
+                _population_diversity(completion_rewards, args.num_generations)
+            )
         best = int(torch.argmax(fitness))
         round_, owner = divmod(best, num_processes)
         completions, extra_logs = from_process(
@@ -525,6 +530,15 @@ def _member_fitness(completion_rewards: torch.Tensor, reward_func_names: list[st
         )
     fitness = torch.nanmean(completion_rewards, dim=1)
     return torch.where(torch.isnan(fitness), torch.nanmean(fitness), fitness)
+
+
+def _population_diversity(completion_rewards: torch.Tensor, num_generations: int) -> float:
+    """Mean over the step's prompts of the members' JS diversity, a completion with a positive reward counting as a
+    success: each prompt's `num_generations` consecutive completions estimate a member's success probability."""
+    members, completions = completion_rewards.shape
+    successes = (completion_rewards > 0).float().view(members, completions // num_generations, num_generations)
+    success_probs = successes.mean(dim=2).T  # (prompts, members)
+    return sum(js_diversity(row.tolist()) for row in success_probs) / len(success_probs)
 
 
 @contextmanager
