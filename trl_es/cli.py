@@ -25,6 +25,124 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_shift(args: argparse.Namespace) -> int:
+    from .analysis import format_shift, parameter_shift
+
+    shift = parameter_shift(args.base, args.tuned, module_depth=args.module_depth)
+    print(format_shift(shift))
+    if args.plot:
+        from .plots import plot_shift_histogram
+
+        print(f"|Δθ| histogram: {plot_shift_histogram(shift, args.plot)}")
+    return 0
+
+
+def _evaluation_settings(args: argparse.Namespace) -> dict:
+    return {"ks": args.ks, "samples_per_prompt": args.samples_per_prompt, "temperature": args.temperature}
+
+
+def _load_eval_datasets(args: argparse.Namespace, specs: list[str]) -> list:
+    from .analysis import load_eval_dataset
+
+    return [load_eval_dataset(spec, args.num_problems, args.max_new_tokens) for spec in specs]
+
+
+def _analyze_sparsify(args: argparse.Namespace) -> int:
+    from .analysis import compare_checkpoints, format_comparison, sparsify
+
+    paths = sparsify(args.base, args.tuned, args.percent, args.output_dir)
+    for percent, path in zip(args.percent, paths, strict=True):
+        print(f"{percent:g}% of the smallest |Δθ| reset to the base: {path}")
+    if args.evaluate:
+        datasets = _load_eval_datasets(args, args.evaluate)
+        reports = compare_checkpoints([args.base, args.tuned, *paths], datasets, **_evaluation_settings(args))
+        print(format_comparison(reports))
+    return 0
+
+
+def _analyze_compare(args: argparse.Namespace) -> int:
+    from .analysis import checkpoint_labels, compare_checkpoints, format_comparison
+
+    checkpoints = [args.base, *args.tuned]
+    reports = compare_checkpoints(checkpoints, _load_eval_datasets(args, args.dataset), **_evaluation_settings(args))
+    print(format_comparison(reports))
+    if args.plot:
+        from .plots import plot_pass_at_k
+
+        for dataset, by_checkpoint in reports.items():
+            path = Path(args.plot)
+            path = path if len(reports) == 1 else path.with_name(f"{path.stem}-{Path(dataset).name}{path.suffix}")
+            curves = {
+                label: report.pass_at_k
+                for label, report in zip(checkpoint_labels(checkpoints), by_checkpoint.values(), strict=True)
+            }
+            print(f"Pass@k curves on {dataset}: {plot_pass_at_k(curves, path, title=f'Pass@k on {dataset}')}")
+    return 0
+
+
+def _analyze_curves(args: argparse.Namespace) -> int:
+    from .analysis import checkpoint_labels, training_curves
+    from .plots import plot_training_curves
+
+    labels = checkpoint_labels(args.runs)
+    runs = {label: training_curves(run, args.keys) for label, run in zip(labels, args.runs, strict=True)}
+    for label, curves in runs.items():
+        for key, (steps, values) in curves.items():
+            print(f"{label:<24}{key:<20}{len(steps):>5} points, last (step {steps[-1]}): {values[-1]:.4f}")
+    print(f"Training curves: {plot_training_curves(runs, args.plot)}")
+    return 0
+
+
+def _add_analyze_parser(commands) -> None:
+    analyze = commands.add_parser(
+        "analyze", help="Parameter shift, sparsification, forgetting (Pass@k / Maj@k) and training curves."
+    )
+    tools = analyze.add_subparsers(dest="tool", required=True)
+    evaluation = argparse.ArgumentParser(add_help=False)
+    evaluation.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="The k of Pass@k and Maj@k.")
+    evaluation.add_argument(
+        "--samples_per_prompt", type=int, default=None, help="Samples per problem (default: the largest k)."
+    )
+    evaluation.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature.")
+    evaluation.add_argument("--num_problems", type=int, default=128, help="Held-out problems per dataset.")
+    evaluation.add_argument(
+        "--max_new_tokens", type=int, default=None, help="Tokens per completion (default: the dataset's)."
+    )
+    datasets_help = "`arithmetic`, or a local dataset folder / JSON file with `prompt` and `answer` (or `solution`)."
+
+    shift = tools.add_parser("shift", help="‖θ_tuned − θ_base‖ / ‖θ_base‖ overall and per module; |Δθ| histogram.")
+    shift.add_argument("base", help="The base checkpoint (a Hugging Face model folder).")
+    shift.add_argument("tuned", help="The tuned checkpoint.")
+    shift.add_argument("--module_depth", type=int, default=4, help="Dotted parts that name a module.")
+    shift.add_argument("--plot", default=None, help="Write the |Δθ| histogram to this PNG file.")
+    shift.set_defaults(handler=_analyze_shift)
+
+    sparsify = tools.add_parser(
+        "sparsify", parents=[evaluation], help="Reset the p%% smallest |Δθ| to the base; save (and evaluate) each."
+    )
+    sparsify.add_argument("base", help="The base checkpoint.")
+    sparsify.add_argument("tuned", help="The tuned checkpoint.")
+    sparsify.add_argument("--percent", type=float, nargs="+", default=[50, 78, 90], help="Percentages to reset.")
+    sparsify.add_argument("--output_dir", required=True, help="Where to write the sparse-<p> checkpoints.")
+    sparsify.add_argument("--evaluate", nargs="*", default=[], help=f"Datasets to evaluate them on: {datasets_help}")
+    sparsify.set_defaults(handler=_analyze_sparsify)
+
+    compare = tools.add_parser(
+        "compare", parents=[evaluation], help="Forgetting: greedy accuracy, Pass@k and Maj@k of base and tuned."
+    )
+    compare.add_argument("base", help="The base checkpoint.")
+    compare.add_argument("tuned", nargs="+", help="Tuned checkpoints, compared with the base.")
+    compare.add_argument("--dataset", nargs="+", default=["arithmetic"], help=f"Held-out datasets: {datasets_help}")
+    compare.add_argument("--plot", default=None, help="Write the Pass@k curves to this PNG file.")
+    compare.set_defaults(handler=_analyze_compare)
+
+    curves = tools.add_parser("curves", help="Plot logged metrics against the step from runs' trainer_state.json.")
+    curves.add_argument("runs", nargs="+", help="Run output folders (or checkpoint folders).")
+    curves.add_argument("--keys", nargs="+", default=None, help="Logged metrics (default: reward, es/fitness/mean).")
+    curves.add_argument("--plot", required=True, help="The PNG file to write.")
+    curves.set_defaults(handler=_analyze_curves)
+
+
 @dataclass(frozen=True)
 class TrainingCommand:
     """A subcommand that launches `trl_es/scripts/<script>.py` with accelerate; `fixed` are script arguments that the
@@ -153,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vllm_serve.add_arguments(serve)
     serve.set_defaults(handler=vllm_serve.serve)
+
+    _add_analyze_parser(commands)
 
     for command in TRAINING_COMMANDS.values():
         # The script's own parser reads the flags (see accelerate_launch_args), `-h` included.
