@@ -18,6 +18,7 @@ class CoverageReport:
     pass_at_k: dict[int, float] = field(default_factory=dict)
     maj_at_k: dict[int, float] = field(default_factory=dict)
     token_entropy: float = 0.0  # mean over the sampled completions' tokens, in nats
+    success_probs: list[float] = field(default_factory=list)  # per prompt: the fraction of correct samples
     num_prompts: int = 0
     samples_per_prompt: int = 0
 
@@ -102,6 +103,7 @@ def coverage_report(
         pass_at_k={k: sum(pass_at_k(samples_per_prompt, c, k) for c in correct) / n for k in ks},
         maj_at_k={k: sum(maj_at_k(row, ref, k) for row, ref in zip(answers, references, strict=True)) / n for k in ks},
         token_entropy=token_entropy,
+        success_probs=[c / samples_per_prompt for c in correct],
         num_prompts=n,
         samples_per_prompt=samples_per_prompt,
     )
