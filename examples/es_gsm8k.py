@@ -12,33 +12,16 @@ Without the Hugging Face Hub, generate GSM8K-style problems locally and pass a l
 Every `ESConfig` field is a flag (`--population_size 30 --sigma 1e-3 --learning_rate 5e-4` are the defaults).
 """
 
-from dataclasses import dataclass, field
-
-from trl import ModelConfig, ScriptArguments, TrlParser
+from trl import ModelConfig, TrlParser
 from trl.rewards import accuracy_reward
 
 from trl_es import ESConfig, ESTrainer
-from trl_es.gsm8k import HUB_DATASET, gsm8k_dataset
+from trl_es.gsm8k import GSM8KScriptArguments
 
 
-@dataclass
-class GSM8KArguments(ScriptArguments):
-    dataset_name: str | None = field(
-        default=HUB_DATASET, metadata={"help": "Hub dataset, or reasoning-gym/gsm_symbolic."}
-    )
-    dataset_config: str | None = field(default="main", metadata={"help": "Configuration of the Hub dataset."})
-    num_offline_problems: int = field(default=1024, metadata={"help": "Problems to generate with reasoning-gym."})
-
-
-def main(script_args: GSM8KArguments, training_args: ESConfig, model_args: ModelConfig):
+def main(script_args: GSM8KScriptArguments, training_args: ESConfig, model_args: ModelConfig):
     training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
-    dataset = gsm8k_dataset(
-        script_args.dataset_name,
-        script_args.dataset_config,
-        split=script_args.dataset_train_split,
-        num_offline_problems=script_args.num_offline_problems,
-        seed=training_args.seed,
-    )
+    dataset = script_args.train_dataset(seed=training_args.seed)
     try:
         trainer = ESTrainer(
             model=model_args.model_name_or_path,
@@ -57,6 +40,6 @@ def main(script_args: GSM8KArguments, training_args: ESConfig, model_args: Model
 
 
 if __name__ == "__main__":
-    parser = TrlParser((GSM8KArguments, ESConfig, ModelConfig))
+    parser = TrlParser((GSM8KScriptArguments, ESConfig, ModelConfig))
     parser.set_defaults(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", max_completion_length=512, report_to="none")
     main(*parser.parse_args_and_config())

@@ -18,36 +18,19 @@ GRPOConfig's defaults; `--grpo_overrides` (JSON) sets fields of the GRPO stage o
 ES stage only (`trl_es/stage_configs.py`). `trl-es es-then-grpo` runs the same with any dataset and reward.
 """
 
-from dataclasses import dataclass, field
-
 from accelerate import PartialState
-from trl import ModelConfig, ScriptArguments, TrlParser
+from trl import ModelConfig, TrlParser
 from trl.rewards import accuracy_reward
 
 from trl_es import ESConfig
-from trl_es.gsm8k import HUB_DATASET, gsm8k_dataset
+from trl_es.gsm8k import GSM8KScriptArguments
 from trl_es.sequential import SequentialTrainer
 from trl_es.stage_configs import SequenceArguments, stage_configs
 
 
-@dataclass
-class GSM8KArguments(ScriptArguments):
-    dataset_name: str | None = field(
-        default=HUB_DATASET, metadata={"help": "Hub dataset, or reasoning-gym/gsm_symbolic."}
-    )
-    dataset_config: str | None = field(default="main", metadata={"help": "Configuration of the Hub dataset."})
-    num_offline_problems: int = field(default=1024, metadata={"help": "Problems to generate with reasoning-gym."})
-
-
-def main(script_args: GSM8KArguments, sequence_args: SequenceArguments, training_args: ESConfig, model_args):
+def main(script_args: GSM8KScriptArguments, sequence_args: SequenceArguments, training_args: ESConfig, model_args):
     training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
-    dataset = gsm8k_dataset(
-        script_args.dataset_name,
-        script_args.dataset_config,
-        split=script_args.dataset_train_split,
-        num_offline_problems=script_args.num_offline_problems,
-        seed=training_args.seed,
-    )
+    dataset = script_args.train_dataset(seed=training_args.seed)
     stages = stage_configs(
         training_args,
         sequence_args.order,
@@ -70,6 +53,6 @@ def main(script_args: GSM8KArguments, sequence_args: SequenceArguments, training
 
 
 if __name__ == "__main__":
-    parser = TrlParser((GSM8KArguments, SequenceArguments, ESConfig, ModelConfig))
+    parser = TrlParser((GSM8KScriptArguments, SequenceArguments, ESConfig, ModelConfig))
     parser.set_defaults(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", max_completion_length=512, report_to="none")
     main(*parser.parse_args_and_config())

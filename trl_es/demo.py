@@ -49,8 +49,9 @@ def held_out_report(model, tokenizer, num_problems: int = 512) -> CoverageReport
 def format_reports(before: CoverageReport, after: CoverageReport) -> str:
     """A before/after table of every measurement."""
     rows = [f"{'held-out':<16}{'before':>8}{'after':>8}{'change':>9}"]
+    after_values = after.as_dict()
     for name, value in before.as_dict().items():
-        rows.append(f"{name:<16}{value:>8.3f}{after.as_dict()[name]:>8.3f}{after.as_dict()[name] - value:>+9.3f}")
+        rows.append(f"{name:<16}{value:>8.3f}{after_values[name]:>8.3f}{after_values[name] - value:>+9.3f}")
     return "\n".join(rows)
 
 

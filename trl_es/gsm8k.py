@@ -6,7 +6,10 @@ Both give conversational prompts and a `solution` column with the final number, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from datasets import Dataset, load_dataset
+from trl import ScriptArguments
 
 HUB_DATASET = "openai/gsm8k"
 OFFLINE_DATASET = "reasoning-gym/gsm_symbolic"
@@ -54,3 +57,23 @@ def gsm8k_dataset(
         lambda row: _as_conversation(row["question"], gsm8k_solution(row["answer"])),
         remove_columns=dataset.column_names,
     )
+
+
+@dataclass
+class GSM8KScriptArguments(ScriptArguments):
+    """The dataset arguments of the GSM8K examples: the Hub dataset, or problems generated offline."""
+
+    dataset_name: str | None = field(
+        default=HUB_DATASET, metadata={"help": f"Hub dataset, or {OFFLINE_DATASET} (generated offline)."}
+    )
+    dataset_config: str | None = field(default="main", metadata={"help": "Configuration of the Hub dataset."})
+    num_offline_problems: int = field(default=1024, metadata={"help": "Problems to generate with reasoning-gym."})
+
+    def train_dataset(self, seed: int) -> Dataset:
+        return gsm8k_dataset(
+            self.dataset_name,
+            self.dataset_config,
+            split=self.dataset_train_split,
+            num_offline_problems=self.num_offline_problems,
+            seed=seed,
+        )
