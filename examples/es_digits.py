@@ -36,7 +36,8 @@ def main(script_args: ScriptArguments, training_args: ESConfig):
     )
     trainer.train()
     trainer.save_model(training_args.output_dir)
-    trainer.accelerator.end_training()  # shut the process group down cleanly under multi-process launches
+    trainer.accelerator.wait_for_everyone()  # a rank that exits while another still runs a collective aborts
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

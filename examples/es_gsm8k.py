@@ -36,6 +36,7 @@ def main(script_args: GSM8KScriptArguments, training_args: ESConfig, model_args:
         ) from error
     trainer.train()
     trainer.save_model(training_args.output_dir)
+    trainer.accelerator.wait_for_everyone()  # a rank that exits while another still runs a collective aborts
     trainer.accelerator.end_training()
 
 

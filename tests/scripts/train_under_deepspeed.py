@@ -28,6 +28,7 @@ def main():
         trainer = ESTrainer(model=model, reward_funcs=length_reward, train_dataset=dataset,
                             args=ESConfig(population_size=2, **common))  # fmt: skip
     trainer.train()
+    trainer.accelerator.wait_for_everyone()  # a rank that exits while another still runs a collective aborts
     trainer.accelerator.end_training()
     print(f"TRAINED {method} steps={trainer.state.global_step} processes={trainer.accelerator.num_processes}")
 
