@@ -12,9 +12,12 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test inst
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
+from trl_es.backends.vllm_colocate import release_vllm_engine  # noqa: E402
 from trl_es.consistency import layout_free_stats, stats_agree  # noqa: E402
+from trl_es.evaluation import BackendSampler  # noqa: E402
 from trl_es.noise import Member  # noqa: E402
 from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
+from trl_es.trainer_evaluation import sampler_for  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -29,7 +32,8 @@ def colocate_run(tmp_path_factory, tiny_model_path):
     )
     start = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()  # checks engine/trainer agreement after every step (consistency_check_steps=1)
-    return trainer, start
+    yield trainer, start
+    release_vllm_engine(trainer)  # so that a later test module can start an engine of its own
 
 
 def engine_generate(trainer, prompt_ids, **sampling):
@@ -117,5 +121,32 @@ def test_evaluate_generates_with_the_engine_at_the_centre(colocate_run):
     trainer, _ = colocate_run
     metrics = trainer.evaluate(eval_dataset=digit_prompts(8, offset=100))
     assert 0 <= metrics["eval_reward"] <= 1 and metrics["eval_completions/mean_length"] > 0
+    _, backend = trainer._population_state()
+    backend.check_consistency(trainer.model, step=trainer.state.global_step)  # still the centre
+
+
+def test_coverage_is_sampled_by_the_engine_at_the_centre_and_leaves_training_sampling_alone(colocate_run):
+    trainer, _ = colocate_run
+    sampler = sampler_for(trainer)
+    assert isinstance(sampler, BackendSampler)
+    training_sampling = sampler.backend.sampling
+    prompts = probe_prompts(trainer, count=4)
+    sampled = sampler.sample(prompts, 3, 1.0, 8, seed=5)
+    assert sampler.backend.sampling is training_sampling
+    assert sampled == sampler.sample(prompts, 3, 1.0, 8, seed=5)  # seeded
+    assert all(len(row) == 3 for row in sampled) and any(len(set(map(tuple, row))) > 1 for row in sampled)
+    greedy = [row[0] for row in sampler.sample(prompts, 1, 0.0, 8, seed=5)]
+    assert greedy == [list(o.outputs[0].token_ids) for o in engine_generate(trainer, prompts, temperature=0.0)]
+
+
+def test_eval_ks_measures_coverage_through_the_engine(colocate_run):
+    trainer, _ = colocate_run
+    trainer.args.eval_ks = [1, 2]  # judged by digit_fraction: a completion with any digit is a success
+    try:
+        metrics = trainer.evaluate(eval_dataset=digit_prompts(8, offset=200))
+    finally:
+        trainer.args.eval_ks = None
+    assert 0 <= metrics["eval_pass@1"] <= metrics["eval_pass@2"] <= 1 and metrics["eval_entropy"] > 0
+    assert "eval_maj@1" not in metrics  # no answer extractor
     _, backend = trainer._population_state()
     backend.check_consistency(trainer.model, step=trainer.state.global_step)  # still the centre

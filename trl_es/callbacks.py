@@ -6,9 +6,8 @@ from collections.abc import Callable, Sequence
 
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
-from trl.data_utils import maybe_apply_chat_template
 
-from .evaluation import coverage_report
+from .trainer_evaluation import measure_trainer
 
 
 class CoverageEvalCallback(TrainerCallback):
@@ -18,7 +17,8 @@ class CoverageEvalCallback(TrainerCallback):
 
     ES and GRPO runs given the same callback log the same names on the same sets, so their coverage can be compared
     step by step; with ESTrainer the model measured is the centre of the population (its weights between steps), not
-    a perturbed member. Completions come from `model.generate`.
+    a perturbed member. Completions come from the trainer's vLLM engine when it generates with one (colocate; an
+    ESTrainer's server too), and from `model.generate` otherwise; the prompts are split across processes.
 
     Usage:
     ```python
@@ -31,12 +31,14 @@ class CoverageEvalCallback(TrainerCallback):
         trainer ([`~transformers.Trainer`]):
             The trainer whose model is measured and through which the metrics are logged.
         eval_datasets (`Dataset` or `dict[str, Dataset]`):
-            Held-out sets with a `prompt` column (plain text or conversational) and an answer column. One dataset
-            logs `eval_<metric>`; a dict logs `eval_<name>_<metric>` for each set (e.g. a target task and a task
-            that measures forgetting).
-        extract_answer (`Callable[[str], str | None]`):
+            Held-out sets with a `prompt` column (plain text or conversational) and, with `extract_answer`, an answer
+            column. One dataset logs `eval_<metric>`; a dict logs `eval_<name>_<metric>` for each set (e.g. a target
+            task and a task that measures forgetting).
+        extract_answer (`Callable[[str], str | None]`, *optional*):
             The verifier's answer extractor: completion text to answer (None when there is none), compared with the
-            answer column as text.
+            answer column as text; the answers also decide Maj@k. Without it, a completion is correct when the
+            trainer's reward functions give it a positive weighted reward (the sets' other columns reach them as in
+            training), and Maj@k is not logged.
         ks (`Sequence[int]`, *optional*, defaults to `(1, 4, 16)`):
             The k of Pass@k and Maj@k.
         samples_per_prompt (`int`, *optional*):
@@ -56,7 +58,7 @@ class CoverageEvalCallback(TrainerCallback):
         self,
         trainer,
         eval_datasets: Dataset | dict[str, Dataset],
-        extract_answer: Callable[[str], str | None],
+        extract_answer: Callable[[str], str | None] | None = None,
         ks: Sequence[int] = (1, 4, 16),
         samples_per_prompt: int | None = None,
         temperature: float = 1.0,
@@ -67,11 +69,11 @@ class CoverageEvalCallback(TrainerCallback):
         self.trainer = trainer
         named = eval_datasets if isinstance(eval_datasets, dict) else {"": eval_datasets}
         for name, dataset in named.items():
-            missing = {"prompt", answer_column} - set(dataset.column_names)
+            missing = {"prompt", *([answer_column] if extract_answer else [])} - set(dataset.column_names)
             if missing:
                 raise ValueError(
-                    f"Eval set {name or 'eval_datasets'!r} has no column {sorted(missing)}; it needs `prompt` and "
-                    f"`{answer_column}` (set answer_column= to use another column)."
+                    f"Eval set {name or 'eval_datasets'!r} has no column {sorted(missing)}; it needs `prompt` and, to "
+                    f"compare extracted answers, `{answer_column}` (set answer_column= to use another column)."
                 )
         self.eval_datasets = named
         self.extract_answer = extract_answer
@@ -96,16 +98,13 @@ class CoverageEvalCallback(TrainerCallback):
     def evaluate(self) -> dict[str, float]:
         """Measure the trainer's model on every eval set now; returns the metrics under their logged names."""
         metrics = {}
-        tokenizer = self.trainer.processing_class
         for name, dataset in self.eval_datasets.items():
-            prompts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in dataset["prompt"]]
-            report = coverage_report(
-                self.trainer.accelerator.unwrap_model(self.trainer.model),
-                tokenizer,
-                prompts,
-                [str(answer) for answer in dataset[self.answer_column]],
+            report = measure_trainer(
+                self.trainer,
+                dataset,
+                self.ks,
                 self.extract_answer,
-                ks=self.ks,
+                answer_column=self.answer_column,
                 samples_per_prompt=self.samples_per_prompt,
                 temperature=self.temperature,
                 max_new_tokens=self.max_new_tokens,

@@ -107,6 +107,23 @@ class ESConfig(GRPOConfig):
             raise if not. The check hashes the master (server) or sums the engine's weights (colocate); raise it on
             large models if that shows in `step_time`. 0 disables it.
 
+        > Coverage evaluation (with an `eval_dataset`)
+
+        eval_ks (`list[int]`, *optional*):
+            The k of Pass@k and Maj@k. When set, every evaluation also samples `max(eval_ks)` completions of each
+            eval prompt from the centre (not a perturbed member), through vLLM when training uses it, and logs
+            `eval_pass@k`, `eval_maj@k`, `eval_greedy_accuracy` and `eval_entropy` (mean token entropy, nats).
+        eval_temperature (`float`, *optional*, defaults to `1.0`):
+            Sampling temperature of those completions (greedy accuracy is measured separately).
+        eval_answer_extractor (`str`, *optional*):
+            Import path of a function from completion text to answer (None when there is none), e.g.
+            `"trl_es.arithmetic.extract_answer"`. A completion is then correct when its answer equals the eval set's
+            `answer` column, and the answers decide Maj@k. Without it, a completion is correct when its weighted
+            reward is above `success_reward_threshold`, and Maj@k is not logged.
+        success_reward_threshold (`float`, *optional*, defaults to `0.0`):
+            A completion whose weighted reward is above this counts as a success: in `es/js_diversity` and, without
+            `eval_answer_extractor`, in the coverage evaluation.
+
         > Fields whose defaults differ from [`~trl.GRPOConfig`]
 
         learning_rate (`float`, *optional*, defaults to `5e-4`):
@@ -154,6 +171,26 @@ class ESConfig(GRPOConfig):
             "help": "Every this many steps (and at the last one), check that every copy of the weights (vLLM "
             "engine or server) agrees with the master, and fail loudly if not. 0 disables the check."
         },
+    )
+
+    eval_ks: list[int] | None = field(
+        default=None,
+        metadata={"help": "The k of Pass@k and Maj@k logged at every evaluation (e.g. 1 4 16); unset: not measured."},
+    )
+    eval_temperature: float = field(
+        default=1.0,
+        metadata={"help": "Sampling temperature of the Pass@k / Maj@k completions."},
+    )
+    eval_answer_extractor: str | None = field(
+        default=None,
+        metadata={
+            "help": "Import path of a function from completion text to answer, compared with the eval set's `answer` "
+            "column. Without it, correctness is a weighted reward above `success_reward_threshold`."
+        },
+    )
+    success_reward_threshold: float = field(
+        default=0.0,
+        metadata={"help": "A completion whose weighted reward is above this counts as a success."},
     )
 
     # Defaults that differ from GRPOConfig
@@ -237,6 +274,16 @@ class ESConfig(GRPOConfig):
             )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {self.temperature!r}.")
+        if self.eval_ks is not None and (
+            not self.eval_ks or any(not isinstance(k, int) or k < 1 for k in self.eval_ks)
+        ):
+            raise ValueError(
+                f"eval_ks must be a non-empty list of integers >= 1 (e.g. [1, 4, 16]), got {self.eval_ks!r}."
+            )
+        if self.eval_temperature <= 0:
+            raise ValueError(
+                f"eval_temperature must be > 0 (Pass@k needs sampled completions), got {self.eval_temperature!r}."
+            )
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {self.num_generations!r}.")
         if self.num_generations > 1 and self.temperature == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 import time
 import warnings
@@ -36,6 +37,7 @@ from .metrics import js_diversity
 from .model_card import es_hyperparameters, generate_es_model_card
 from .noise import population, sampling_seed
 from .sampler import EpochSeededRepeatSampler
+from .trainer_evaluation import measure_trainer
 
 
 class ESTrainer(GRPOTrainer):
@@ -133,6 +135,7 @@ class ESTrainer(GRPOTrainer):
                 "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
                 "e.g. with examples/accelerate_configs/multi_gpu.yaml."
             )
+        extract_answer = _import_function(args.eval_answer_extractor, "eval_answer_extractor")  # fail before training
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
         with _hidden_from_grpo_if_server(args):
@@ -164,6 +167,7 @@ class ESTrainer(GRPOTrainer):
         self._backend = None  # where members are generated: the model itself, or a vLLM engine or server
         self._vllm_sampling_seed: int | None = None
         self._resumed_from: str | None = None
+        self._extract_answer = extract_answer
 
     def _use_greedy_decoding(self):
         greedy = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None}
@@ -237,7 +241,7 @@ class ESTrainer(GRPOTrainer):
         self._log_step_metrics(rewards_per_func, completion_rewards, fitness, update_norm, seconds)
         if args.num_generations > 1:
             self._metrics["train"]["es/js_diversity"].append(
-                _population_diversity(completion_rewards, args.num_generations)
+                _population_diversity(completion_rewards, args.num_generations, args.success_reward_threshold)
             )
         best = int(torch.argmax(fitness))
         round_, owner = divmod(best, num_processes)
@@ -391,12 +395,37 @@ class ESTrainer(GRPOTrainer):
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Evaluation: the centre model, scored like GRPO scores it (eval_reward, eval_rewards/*, completions/*)
+    # Evaluation: the centre model, scored like GRPO scores it (eval_reward, eval_rewards/*, completions/*) and, with
+    # `eval_ks`, its coverage (eval_pass@k, eval_maj@k, eval_greedy_accuracy, eval_entropy)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with torch.no_grad():
             self._generate_and_score_completions(inputs)
         return None, None, None
+
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        args = self.args
+        if args.eval_ks:
+            dataset = dataloader.dataset
+            if not hasattr(dataset, "__len__"):
+                raise NotImplementedError(
+                    "eval_ks measures coverage on a map-style eval_dataset (one with a length); this one is iterable. "
+                    "Pass a `datasets.Dataset`, or unset eval_ks."
+                )
+            report = measure_trainer(
+                self,
+                dataset,
+                args.eval_ks,
+                self._extract_answer,
+                success_threshold=args.success_reward_threshold,
+                temperature=args.eval_temperature,
+                seed=args.seed,
+            )
+            output.metrics.update({f"{metric_key_prefix}_{name}": value for name, value in report.as_dict().items()})
+        return output
 
     # ------------------------------------------------------------------------------------------------------------
     # Checkpoints
@@ -532,13 +561,30 @@ def _member_fitness(completion_rewards: torch.Tensor, reward_func_names: list[st
     return torch.where(torch.isnan(fitness), torch.nanmean(fitness), fitness)
 
 
-def _population_diversity(completion_rewards: torch.Tensor, num_generations: int) -> float:
-    """Mean over the step's prompts of the members' JS diversity, a completion with a positive reward counting as a
-    success: each prompt's `num_generations` consecutive completions estimate a member's success probability."""
+def _population_diversity(completion_rewards: torch.Tensor, num_generations: int, success_threshold: float) -> float:
+    """Mean over the step's prompts of the members' JS diversity, a completion with a reward above `success_threshold`
+    counting as a success: each prompt's `num_generations` consecutive completions estimate a member's success
+    probability."""
     members, completions = completion_rewards.shape
-    successes = (completion_rewards > 0).float().view(members, completions // num_generations, num_generations)
+    successes = (
+        (completion_rewards > success_threshold).float().view(members, completions // num_generations, num_generations)
+    )
     success_probs = successes.mean(dim=2).T  # (prompts, members)
     return sum(js_diversity(row.tolist()) for row in success_probs) / len(success_probs)
+
+
+def _import_function(path: str | None, field_name: str) -> Callable | None:
+    """The function at import path `path` (`"package.module.function"`), or None when `path` is None."""
+    if path is None:
+        return None
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(
+            f"{field_name}={path!r} is not an importable function ({error}). Give its full import path, e.g. "
+            "'trl_es.arithmetic.extract_answer', with its module on the Python path."
+        ) from error
 
 
 @contextmanager

@@ -1,9 +1,16 @@
-"""Held-out evaluation of a model with a verifier: greedy accuracy, and Pass@k / Maj@k from sampled completions."""
+"""Held-out evaluation with a verifier: greedy accuracy, Pass@k / Maj@k from sampled completions, and token entropy.
+
+Completions come from a *sampler*: `model.generate` ([`TransformersSampler`]), a vLLM engine ([`VLLMEngineSampler`])
+or an ES backend that holds the centre ([`BackendSampler`]). The token entropy is always measured by the Hugging Face
+model on the sampled tokens (one teacher-forced forward pass), so it means the same thing whichever sampler generated.
+A *judge* turns one prompt's completions into correctness (and, where it extracts answers, the answers Maj@k votes on).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
@@ -12,7 +19,8 @@ from .metrics import maj_at_k, pass_at_k
 
 @dataclass
 class CoverageReport:
-    """Mean over prompts of each measurement; `pass_at_k[k]` and `maj_at_k[k]` for every k asked for."""
+    """Mean over prompts of each measurement; `pass_at_k[k]` and `maj_at_k[k]` for every k asked for (`maj_at_k` is
+    empty when the judge extracts no answers)."""
 
     greedy_accuracy: float
     pass_at_k: dict[int, float] = field(default_factory=dict)
@@ -32,47 +40,175 @@ class CoverageReport:
         }
 
 
-@torch.no_grad()
-def generate_completions(
+@dataclass
+class PromptOutcome:
+    """How one prompt's completions scored: everything the coverage metrics need, small enough to gather."""
+
+    greedy_correct: bool
+    correct: list[bool]  # one per sampled completion
+    answers: list[str | None] | None  # the extracted answers Maj@k votes on; None when the judge extracts none
+    reference: str | None
+    entropy_sum: float  # over the sampled completions' tokens, in nats
+    token_count: int
+
+
+class Sampler(Protocol):
+    def sample(
+        self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[list[int]]]:
+        """`n` completions (token ids, ending at the first EOS) of every prompt; greedy when `temperature` is 0."""
+
+
+@dataclass
+class Verdict:
+    correct: list[bool]
+    answers: list[str | None] | None = None
+    reference: str | None = None
+
+
+# judge(prompt index, completion texts, completion ids) -> Verdict
+Judge = Callable[[int, list[str], list[list[int]]], Verdict]
+
+
+def answer_judge(references: Sequence[str], extract_answer: Callable[[str], str | None]) -> Judge:
+    """Correct when the extracted answer equals the prompt's reference (as text); the answers feed Maj@k."""
+
+    def judge(index: int, texts: list[str], completion_ids: list[list[int]]) -> Verdict:
+        answers = [extract_answer(text) for text in texts]
+        reference = str(references[index])
+        return Verdict([answer == reference for answer in answers], answers, reference)
+
+    return judge
+
+
+class TransformersSampler:
+    """Samples with `model.generate`, `batch_size` rows at a time, from a fixed seed."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def sample(self, prompt_ids, n, temperature, max_new_tokens, seed):
+        model, pad_id = self.model, self.tokenizer.pad_token_id
+        was_training = model.training
+        model.eval()
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
+        completions = []
+        devices = [model.device] if model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            for start in range(0, len(rows), self.batch_size):
+                input_ids, attention_mask = _left_padded(rows[start : start + self.batch_size], pad_id, model.device)
+                output = model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    **({"do_sample": False} | sampling),
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=pad_id,
+                )
+                completions += [_until_eos(row, self._eos_ids()) for row in output[:, input_ids.shape[1] :].tolist()]
+        model.train(was_training)
+        return [completions[i : i + n] for i in range(0, len(completions), n)]
+
+    def _eos_ids(self) -> set[int]:
+        configured = self.model.generation_config.eos_token_id
+        ids = set(configured if isinstance(configured, list) else [configured])
+        return {i for i in ids | {self.tokenizer.eos_token_id} if i is not None}
+
+
+class VLLMEngineSampler:
+    """Samples with an in-process `vllm.LLM`, which must already hold the weights to measure."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def sample(self, prompt_ids, n, temperature, max_new_tokens, seed):
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=n, temperature=temperature, max_tokens=max_new_tokens, seed=seed + i if temperature else None
+            )
+            for i in range(len(prompt_ids))
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        return [[list(completion.token_ids) for completion in output.outputs] for output in outputs]
+
+
+class BackendSampler:
+    """Samples through an ES generation backend (vLLM colocate or server), which holds the centre between steps."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def sample(self, prompt_ids, n, temperature, max_new_tokens, seed):
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        training_sampling = self.backend.sampling
+        self.backend.sampling = replace(training_sampling, max_tokens=max_new_tokens, temperature=temperature)
+        try:
+            completions = self.backend.generate(rows, seed=seed)  # row i samples with seed + i
+        finally:
+            self.backend.sampling = training_sampling
+        return [completions[i : i + n] for i in range(0, len(completions), n)]
+
+
+def measure_prompts(
+    sampler: Sampler,
     model,
     tokenizer,
-    prompts: Sequence[str],
-    samples_per_prompt: int = 1,
-    temperature: float = 0.0,
+    prompt_ids: list[list[int]],
+    judge: Judge,
+    samples_per_prompt: int,
+    temperature: float = 1.0,
     max_new_tokens: int = 8,
-    batch_size: int = 256,
     seed: int = 1234,
-) -> tuple[list[list[str]], float]:
-    """`samples_per_prompt` completions of each prompt (greedy when `temperature` is 0), with a fixed sampling seed,
-    and the policy's mean token entropy (nats, at temperature 1) over the generated tokens up to the first EOS."""
-    was_training = model.training
-    model.eval()
-    rows = [prompt for prompt in prompts for _ in range(samples_per_prompt)]
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
-    texts, entropy_sum, token_count = [], 0.0, 0
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        for start in range(0, len(rows), batch_size):
-            inputs = tokenizer(rows[start : start + batch_size], return_tensors="pt", padding=True).to(model.device)
-            output = model.generate(
-                **inputs,
-                **({"do_sample": False} | sampling),
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                output_logits=True,
-                return_dict_in_generate=True,
+) -> list[PromptOutcome]:
+    """Greedy and sampled completions of every prompt, judged, with the sampled tokens' entropy under `model`."""
+    greedy = sampler.sample(prompt_ids, 1, 0.0, max_new_tokens, seed)
+    sampled = sampler.sample(prompt_ids, samples_per_prompt, temperature, max_new_tokens, seed)
+    entropies = completion_entropy(model, prompt_ids, sampled)
+    outcomes = []
+    for index, (greedy_ids, sampled_ids, (entropy_sum, token_count)) in enumerate(
+        zip(greedy, sampled, entropies, strict=True)
+    ):
+        greedy_verdict = judge(index, tokenizer.batch_decode(greedy_ids, skip_special_tokens=True), greedy_ids)
+        verdict = judge(index, tokenizer.batch_decode(sampled_ids, skip_special_tokens=True), sampled_ids)
+        outcomes.append(
+            PromptOutcome(
+                greedy_verdict.correct[0],
+                verdict.correct,
+                verdict.answers,
+                verdict.reference,
+                entropy_sum,
+                token_count,
             )
-            completion_ids = output.sequences[:, inputs["input_ids"].shape[1] :]
-            texts += tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-            log_probs = torch.stack(output.logits, dim=1).float().log_softmax(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-            is_eos = completion_ids == tokenizer.eos_token_id
-            generated = (is_eos.cumsum(1) - is_eos.long()) == 0  # tokens up to and including the first EOS
-            entropy_sum += entropy[generated].sum().item()
-            token_count += generated.sum().item()
-    model.train(was_training)
-    completions = [texts[i : i + samples_per_prompt] for i in range(0, len(texts), samples_per_prompt)]
-    return completions, entropy_sum / max(token_count, 1)
+        )
+    return outcomes
+
+
+def summarize(outcomes: Sequence[PromptOutcome], ks: Sequence[int]) -> CoverageReport:
+    """Pass@k, Maj@k (when answers were extracted), greedy accuracy and mean token entropy over the prompts."""
+    n = len(outcomes)
+    if n == 0:
+        raise ValueError("No prompts were measured: the eval set is empty.")
+    samples = len(outcomes[0].correct)
+    if max(ks) > samples:
+        raise ValueError(f"ks={list(ks)} but {samples} samples per prompt: sample at least max(ks) times.")
+    counts = [sum(outcome.correct) for outcome in outcomes]
+    report = CoverageReport(
+        greedy_accuracy=sum(outcome.greedy_correct for outcome in outcomes) / n,
+        pass_at_k={k: sum(pass_at_k(samples, c, k) for c in counts) / n for k in ks},
+        token_entropy=sum(o.entropy_sum for o in outcomes) / max(sum(o.token_count for o in outcomes), 1),
+        success_probs=[c / samples for c in counts],
+        num_prompts=n,
+        samples_per_prompt=samples,
+    )
+    if all(outcome.answers is not None for outcome in outcomes):
+        report.maj_at_k = {k: sum(maj_at_k(o.answers, o.reference, k) for o in outcomes) / n for k in ks}
+    return report
 
 
 def coverage_report(
@@ -86,24 +222,79 @@ def coverage_report(
     temperature: float = 1.0,
     max_new_tokens: int = 8,
     seed: int = 1234,
+    sampler: Sampler | None = None,
 ) -> CoverageReport:
-    """Greedy accuracy, and Pass@k and Maj@k over `samples_per_prompt` sampled completions of every prompt."""
+    """Greedy accuracy, and Pass@k and Maj@k over `samples_per_prompt` sampled completions of every prompt (text),
+    judged by comparing `extract_answer(completion)` with the reference. Samples with `model.generate` unless a
+    `sampler` is given."""
     if max(ks) > samples_per_prompt:
         raise ValueError(f"ks={list(ks)} but samples_per_prompt={samples_per_prompt}: sample at least max(ks) times.")
-    greedy, _ = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    sampled, token_entropy = generate_completions(
-        model, tokenizer, prompts, samples_per_prompt, temperature, max_new_tokens, seed=seed
+    prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+    outcomes = measure_prompts(
+        sampler or TransformersSampler(model, tokenizer),
+        model,
+        tokenizer,
+        prompt_ids,
+        answer_judge(references, extract_answer),
+        samples_per_prompt,
+        temperature,
+        max_new_tokens,
+        seed,
     )
-    greedy_correct = [extract_answer(texts[0]) == ref for texts, ref in zip(greedy, references, strict=True)]
-    answers = [[extract_answer(text) for text in texts] for texts in sampled]
-    correct = [sum(answer == ref for answer in row) for row, ref in zip(answers, references, strict=True)]
-    n = len(prompts)
-    return CoverageReport(
-        greedy_accuracy=sum(greedy_correct) / n,
-        pass_at_k={k: sum(pass_at_k(samples_per_prompt, c, k) for c in correct) / n for k in ks},
-        maj_at_k={k: sum(maj_at_k(row, ref, k) for row, ref in zip(answers, references, strict=True)) / n for k in ks},
-        token_entropy=token_entropy,
-        success_probs=[c / samples_per_prompt for c in correct],
-        num_prompts=n,
-        samples_per_prompt=samples_per_prompt,
-    )
+    return summarize(outcomes, ks)
+
+
+@torch.no_grad()
+def completion_entropy(
+    model, prompt_ids: list[list[int]], completions: list[list[list[int]]], max_logits: int = 2**26
+) -> list[tuple[float, int]]:
+    """Per prompt: the summed entropy (nats, temperature 1) of the model's next-token distribution at every token of
+    its completions, and the number of those tokens. Rows are batched so that no batch holds more than `max_logits`
+    logits."""
+    rows = [(p, c) for p, prompt_completions in zip(prompt_ids, completions, strict=True) for c in prompt_completions]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    longest = max((len(p) + len(c) for p, c in rows), default=1)
+    batch_size = max(1, max_logits // (longest * vocab))
+    was_training = model.training
+    model.eval()
+    per_row = []
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        width = max(len(p) + len(c) for p, c in batch)
+        input_ids = torch.zeros(len(batch), width, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        scored = torch.zeros(len(batch), width, dtype=torch.bool)  # positions whose next token is a completion token
+        for i, (prompt, completion) in enumerate(batch):  # right padding: positions are those of the unpadded row
+            input_ids[i, : len(prompt) + len(completion)] = torch.tensor(prompt + completion)
+            attention_mask[i, : len(prompt) + len(completion)] = 1
+            scored[i, len(prompt) - 1 : len(prompt) + len(completion) - 1] = True
+        logits = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device)).logits
+        log_probs = logits.float().log_softmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1).cpu()
+        per_row += [(entropy[i][scored[i]].sum().item(), int(scored[i].sum())) for i in range(len(batch))]
+    model.train(was_training)
+    counts = [len(prompt_completions) for prompt_completions in completions]
+    sums, start = [], 0
+    for count in counts:
+        chunk = per_row[start : start + count]
+        sums.append((sum(s for s, _ in chunk), sum(t for _, t in chunk)))
+        start += count
+    return sums
+
+
+def _left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = torch.tensor(row)
+        attention_mask[i, width - len(row) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _until_eos(token_ids: list[int], eos_ids: set[int]) -> list[int]:
+    """The generated tokens up to and including the first EOS (what follows is padding)."""
+    for position, token in enumerate(token_ids):
+        if token in eos_ids:
+            return token_ids[: position + 1]
+    return token_ids
