@@ -17,7 +17,9 @@ from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.vllm_server import VLLMServerError  # noqa: E402
 from trl_es.consistency import master_digest  # noqa: E402
+from trl_es.evaluation import BackendSampler  # noqa: E402
 from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
+from trl_es.trainer_evaluation import sampler_for  # noqa: E402
 from trl_es.vllm_serve import WORKER_EXTENSION, server_command  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -145,3 +147,18 @@ def test_a_run_resumed_against_the_server_ends_like_an_uninterrupted_one(tmp_pat
     assert master_digest(resumed._master.tensors) == expected
     _, backend = resumed._population_state()
     assert backend._rpc("es_checksum", backend.run_id)[0]["master_digest"] == expected
+
+
+def test_eval_ks_measures_the_centre_through_the_server(tmp_path, tiny_model_path, server_port):
+    config = server_config(tmp_path, server_port, max_steps=1, eval_ks=[1, 2], max_completion_length=6)
+    trainer = make_trainer(tiny_model_path, config)
+    trainer.train()
+    sampler = sampler_for(trainer)
+    assert isinstance(sampler, BackendSampler)
+    prompts = [trainer.processing_class(f"Item {k}:")["input_ids"] for k in range(300, 304)]
+    assert sampler.sample(prompts, 2, 1.0, 6, seed=3) == sampler.sample(prompts, 2, 1.0, 6, seed=3)
+    metrics = trainer.evaluate(eval_dataset=digit_prompts(4, offset=300))
+    assert 0 <= metrics["eval_pass@1"] <= metrics["eval_pass@2"] <= 1 and metrics["eval_entropy"] > 0
+    _, backend = trainer._population_state()
+    [report] = backend._rpc("es_checksum", backend.run_id)
+    assert report["master_digest"] == master_digest(trainer._master.tensors)  # evaluation changed no weights
