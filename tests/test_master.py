@@ -59,3 +59,13 @@ def test_relative_distance():
     master = MasterWeights({"w": torch.tensor([3.0, 4.0])})
     assert master.relative_distance({"w": torch.tensor([3.0, 4.0])}) == 0.0
     assert abs(master.relative_distance({"w": torch.tensor([0.0, 4.0])}) - 3 / 4) < 1e-9
+
+
+def test_a_shared_master_updates_float32_parameters_in_place_and_copies_the_others():
+    parameters = {"w": torch.randn(4, 3), "b": torch.randn(3).to(torch.bfloat16)}
+    master = MasterWeights(parameters, share_float32=True)
+    assert master.tensors["w"].data_ptr() == parameters["w"].data_ptr()  # no second float32 copy
+    assert master.tensors["b"].dtype == torch.float32 and master.tensors["b"].data_ptr() != parameters["b"].data_ptr()
+    before = parameters["w"].clone()
+    master.apply_update({7: 1.0}, lr=0.1)
+    assert not torch.equal(parameters["w"], before)  # the update landed in the parameter itself

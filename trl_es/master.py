@@ -20,11 +20,18 @@ class MasterWeights:
 
     Args:
         parameters (`dict[str, torch.Tensor]`):
-            The evolving parameters by name. Only their values are copied; the master never writes into them.
+            The evolving parameters by name. Their values are copied; the master never writes into them.
+        share_float32 (`bool`, *optional*, defaults to `False`):
+            Use float32 parameters themselves as their master instead of copying them, so updates land in them
+            directly. Only valid when the parameters always hold the centre (members are generated elsewhere): it
+            saves a float32 copy of the model.
     """
 
-    def __init__(self, parameters: dict[str, torch.Tensor]):
-        self.tensors = {name: param.detach().to(torch.float32, copy=True) for name, param in parameters.items()}
+    def __init__(self, parameters: dict[str, torch.Tensor], share_float32: bool = False):
+        self.tensors = {
+            name: param.detach() if share_float32 and param.dtype == torch.float32 else param.detach().float().clone()
+            for name, param in parameters.items()
+        }
 
     def perturbed(self, member: Member, sigma: float) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, master + sign * sigma * eps)` one tensor at a time (float32), so the noise of a whole model
