@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .fitness import FITNESS_SHAPINGS
+from .lowrank import OTHER_PARAMETERS
+
+PERTURBATIONS = ("full", "lowrank")
 
 # Fields of GRPOConfig that only shape GRPO's policy-gradient loss. ES has no such loss, so setting one is a no-op
 # that deserves a warning rather than silence.
@@ -101,6 +104,24 @@ class ESConfig(GRPOConfig):
         fitness_shaping (`str`, *optional*, defaults to `"zscore"`):
             How member fitness is normalised before the update: `"zscore"` (paper), `"centered_rank"` (OpenAI ES) or
             `"none"` (mean-centred only). Equal fitness always gives a zero update.
+        perturbation (`str`, *optional*, defaults to `"full"`):
+            `"full"`: each member perturbs every evolving parameter with full-rank Gaussian noise. `"lowrank"`
+            (EGGROLL, arXiv 2511.16652): each `nn.Linear`/`nn.Embedding` weight gets `sigma * A @ B.T / sqrt(r)`
+            with `A`, `B` of rank `lowrank_rank` drawn from the member's seed, and the whole population generates in
+            one batched call: with `model.generate`, forward hooks add each row's own low-rank term (the weights are
+            never written); with vLLM (colocate), each member is a LoRA adapter and only the decoder's Linear
+            projections evolve (set `lowrank_other_parameters="frozen"`). The update is the full-rank sum of the
+            members' low-rank terms.
+        lowrank_rank (`int`, *optional*, defaults to `1`):
+            Rank `r` of each member's perturbation of each matrix (EGGROLL uses 1).
+        lowrank_other_parameters (`str`, *optional*, defaults to `"full"`):
+            What the other evolving parameters (norm weights, biases) do with `perturbation="lowrank"`: `"full"`
+            gets full-rank noise as full-rank members do (norm modules are re-run per member in the batch),
+            `"frozen"` keeps them fixed (neither perturbed nor updated).
+        population_batch_size (`int`, *optional*):
+            With `perturbation="lowrank"`: how many members generate together in one call (each call has
+            `population_batch_size x` the prompt batch's rows; with vLLM it is also the engine's number of LoRA slots).
+            Defaults to all of a process's members; lower it if the batch does not fit in memory.
         consistency_check_steps (`int`, *optional*, defaults to `1`):
             Every this many steps (and at the last one), check that the copies of the weights that generation reads
             (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
@@ -163,6 +184,25 @@ class ESConfig(GRPOConfig):
             "help": "How member fitness is normalised before the update.",
             "choices": list(FITNESS_SHAPINGS),
         },
+    )
+    perturbation: str = field(
+        default="full",
+        metadata={"help": "Member noise: full-rank, or low-rank (EGGROLL) matrices.", "choices": list(PERTURBATIONS)},
+    )
+    lowrank_rank: int = field(
+        default=1,
+        metadata={"help": "Rank of each member's perturbation of each matrix with perturbation='lowrank'."},
+    )
+    lowrank_other_parameters: str = field(
+        default="full",
+        metadata={
+            "help": "With perturbation='lowrank': full-rank noise for norms and biases, or keep them frozen.",
+            "choices": list(OTHER_PARAMETERS),
+        },
+    )
+    population_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Low-rank members generating together in one call; default: all of a process's members."},
     )
 
     consistency_check_steps: int = field(
@@ -263,6 +303,22 @@ class ESConfig(GRPOConfig):
         if self.fitness_shaping not in FITNESS_SHAPINGS:
             raise ValueError(
                 f"Unknown fitness_shaping={self.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
+            )
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"Unknown perturbation={self.perturbation!r}; use one of {', '.join(PERTURBATIONS)}.")
+        if not isinstance(self.lowrank_rank, int) or self.lowrank_rank < 1:
+            raise ValueError(f"lowrank_rank must be an integer >= 1, got {self.lowrank_rank!r}. EGGROLL uses 1.")
+        if self.lowrank_other_parameters not in OTHER_PARAMETERS:
+            raise ValueError(
+                f"Unknown lowrank_other_parameters={self.lowrank_other_parameters!r}; use one of "
+                f"{', '.join(OTHER_PARAMETERS)}."
+            )
+        if self.population_batch_size is not None and (
+            not isinstance(self.population_batch_size, int) or self.population_batch_size < 1
+        ):
+            raise ValueError(
+                f"population_batch_size must be an integer >= 1 (members per generate call), got "
+                f"{self.population_batch_size!r}. Leave it unset to generate all of a process's members at once."
             )
         if not math.isfinite(self.learning_rate) or self.learning_rate < 0:
             raise ValueError(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
+import tempfile
 import textwrap
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from trl.trainer.utils import nanstd
 from .backends import HFBackend
 from .backends.sampling import SamplingSettings
 from .backends.vllm_colocate import VLLMColocateBackend
+from .backends.vllm_lora import VLLMLoRAPopulationBackend, lora_enabled_llm, lora_target_parameters
 from .backends.vllm_server import VLLMServerBackend
 from .checkpoint import last_complete_checkpoint, load_es_state, save_es_state
 from .distributed import (
@@ -31,11 +34,13 @@ from .distributed import (
     whole_batch,
 )
 from .es_config import ESConfig
+from .evaluation import left_padded, until_eos
 from .fitness import shape_fitness, update_coefficients
+from .lowrank import LowRankMasterWeights, common_random_sampling, lowrank_population
 from .master import MasterWeights
 from .metrics import js_diversity
 from .model_card import es_hyperparameters, generate_es_model_card
-from .noise import population, sampling_seed
+from .noise import Member, population, sampling_seed
 from .sampler import EpochSeededRepeatSampler
 from .trainer_evaluation import measure_trainer
 
@@ -138,7 +143,7 @@ class ESTrainer(GRPOTrainer):
         extract_answer = _import_function(args.eval_answer_extractor, "eval_answer_extractor")  # fail before training
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
-        with _hidden_from_grpo_if_server(args):
+        with _hidden_from_grpo_if_server(args), _lora_engine_if_lowrank(args):
             super().__init__(
                 model=model,
                 reward_funcs=reward_funcs,
@@ -166,6 +171,7 @@ class ESTrainer(GRPOTrainer):
         self._model_weights: HFBackend | None = None  # writes the master into the trainer's model
         self._backend = None  # where members are generated: the model itself, or a vLLM engine or server
         self._vllm_sampling_seed: int | None = None
+        self._population: tuple[list[Member], int] | None = None  # (members, rows each) while a batch generates
         self._resumed_from: str | None = None
         self._extract_answer = extract_answer
 
@@ -211,15 +217,19 @@ class ESTrainer(GRPOTrainer):
         prompts = [example["prompt"] for example in inputs]
         seconds = defaultdict(float)
 
-        evaluations = []  # this process's members, one per round (see distributed.py)
-        try:
-            for member in members_of_this_process(self.accelerator, members):
-                with _timed(seconds, "perturb"):
-                    backend.load_member(member)
-                evaluations.append(self._evaluate_member(inputs, prompts, seconds))
-        except BaseException:
-            backend.load_center()  # a failed step must not leave a member's weights behind
-            raise
+        local_members = members_of_this_process(self.accelerator, members)
+        if self._batches_population():
+            evaluations = self._evaluate_population_batches(inputs, prompts, local_members, seconds)
+        else:
+            evaluations = []  # this process's members, one per round (see distributed.py)
+            try:
+                for member in local_members:
+                    with _timed(seconds, "perturb"):
+                        backend.load_member(member)
+                    evaluations.append(self._evaluate_member(inputs, prompts, seconds))
+            except BaseException:
+                backend.load_center()  # a failed step must not leave a member's weights behind
+                raise
 
         # Each round's rewards were gathered across processes: rows of members jP .. jP + P - 1, in order.
         num_processes = self.accelerator.num_processes
@@ -260,6 +270,56 @@ class ESTrainer(GRPOTrainer):
         self._pending_extra_logs.clear()
         return _MemberEvaluation(completions, rewards_per_func, extra_logs)
 
+    def _batches_population(self) -> bool:
+        """Low-rank members generate together: through forward hooks in `model.generate`, as LoRA adapters in vLLM."""
+        return self.args.perturbation == "lowrank"
+
+    def _evaluate_population_batches(self, inputs, prompts, members, seconds) -> list[_MemberEvaluation]:
+        """Evaluate this process's low-rank members `population_batch_size` at a time, each batch in one `generate`
+        call whose rows are member-major (see lowrank.py); the weights stay the centre's throughout.
+
+        Returns one evaluation per member, in round order, each with the rewards of that round's members of every
+        process, as `_evaluate_member` does."""
+        args, num_processes, rows = self.args, self.accelerator.num_processes, len(prompts)
+        evaluations = []
+        for start in range(0, len(members), args.population_batch_size or len(members)):
+            batch = members[start : start + (args.population_batch_size or len(members))]
+            with _timed(seconds, "generate"), self._generating_population(batch, rows):
+                completions, completion_ids = self._generate_for_member(prompts * len(batch))
+            with _timed(seconds, "reward"):
+                rewards = self._calculate_rewards(
+                    inputs * len(batch), prompts * len(batch), completions, completion_ids
+                )
+            extra_logs = dict(self._pending_extra_logs)
+            self._pending_extra_logs.clear()
+            by_member = rewards.view(num_processes, len(batch), rows, -1)  # gathered: process, member, row
+            for index in range(len(batch)):
+                own = slice(index * rows, (index + 1) * rows)
+                evaluations.append(
+                    _MemberEvaluation(
+                        completions[own],
+                        by_member[:, index].reshape(num_processes * rows, -1),
+                        {column: values[own] for column, values in extra_logs.items()},
+                    )
+                )
+        return evaluations
+
+    @contextmanager
+    def _generating_population(self, members: list[Member], rows: int):
+        """Within it, generation of `len(members) * rows` member-major rows gives each member's rows its perturbation
+        (see `_generate_single_turn`)."""
+        hooks = (
+            nullcontext()
+            if self.use_vllm
+            else lowrank_population(self.model, self._master, members, self.args.sigma, rows)
+        )
+        self._population = (members, rows)
+        try:
+            with hooks:
+                yield
+        finally:
+            self._population = None
+
     def _generate_for_member(self, prompts: list) -> tuple[list, list[list[int]]]:
         # Common random numbers: every member of a step samples with the same seed. `model.generate` draws from the
         # global generator; vLLM gets the seed per row (see `_generate_single_turn`).
@@ -279,12 +339,41 @@ class ESTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if not self.use_vllm:
+            if self._population is not None and self.temperature > 0 and images is None:
+                return self._generate_population_rows(prompt_ids), None
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
         if images is not None:
             raise NotImplementedError("ESTrainer does not generate from images with vLLM yet.")
         # GRPO's vLLM path would push the trainer's weights (the centre) into the engine: the backend owns them.
         _, backend = self._population_state()
+        if self._population is not None:  # every member's copy of the rows, one LoRA adapter per member
+            members, rows = self._population
+            return backend.generate_population(prompt_ids[:rows], members, seed=self._vllm_sampling_seed), None
         return backend.generate(prompt_ids, seed=self._vllm_sampling_seed), None
+
+    @torch.no_grad()
+    def _generate_population_rows(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        """`model.generate` over a batched population's rows, sampling with common random numbers: every member's
+        j-th row draws the same Gumbel noise (`CommonRandomGumbel`), as members evaluated one at a time draw the same
+        random numbers. GRPO's generation path would give every row of the batch its own."""
+        model = self.accelerator.unwrap_model(self.model)
+        input_ids, attention_mask = left_padded(prompt_ids, self._tokenizer.pad_token_id, model.device)
+        seed = sampling_seed(self.args.seed, self.state.global_step)
+        processors = common_random_sampling(
+            seed, self._population[1], self.temperature, self.top_k, self.top_p, self.min_p
+        )
+        config = copy.deepcopy(self.generation_config)  # the processors sample; generate takes their argmax
+        config.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
+        was_training = model.training
+        model.eval()
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            logits_processor=processors,
+        )
+        model.train(was_training)
+        return [until_eos(row, set(self.eos_token_ids)) for row in output[:, input_ids.shape[1] :].tolist()]
 
     def _weighted_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         """Per-completion reward with TRL's semantics: NaN (`None`) entries are skipped; a completion that no function
@@ -305,9 +394,23 @@ class ESTrainer(GRPOTrainer):
 
     def _start_master(self, lossy_masters: dict[str, torch.Tensor] | None = None) -> None:
         """Copy the evolving parameters into a new float32 master; a resumed run passes the float32 masters of its
-        non-float32 parameters, which the model's weights only hold rounded."""
+        non-float32 parameters, which the model's weights only hold rounded.
+
+        When members are generated elsewhere (vLLM) or through hooks (low-rank batches), the model only ever holds
+        the centre, so its float32 parameters are their own master: no second float32 copy of the model."""
         parameters = self._evolving_parameters()
-        self._master = MasterWeights(parameters)
+        args = self.args
+        share = self.use_vllm or self._batches_population()
+        if args.perturbation == "lowrank" and self.use_vllm:
+            # LoRA adapters perturb the decoder's projections; everything else stays fixed (checked at construction).
+            targets = set(lora_target_parameters(self.model)) & set(parameters)
+            self._master = LowRankMasterWeights(parameters, targets, args.lowrank_rank, "frozen", share_float32=share)
+        elif args.perturbation == "lowrank":
+            self._master = LowRankMasterWeights.from_model(
+                self.model, parameters, args.lowrank_rank, args.lowrank_other_parameters, share_float32=share
+            )
+        else:
+            self._master = MasterWeights(parameters, share_float32=share)
         if lossy_masters:
             self._master.load_state_dict({**self._master.state_dict(), **lossy_masters})
         self._reference = {name: param.detach().to("cpu", copy=True) for name, param in parameters.items()}
@@ -317,6 +420,13 @@ class ESTrainer(GRPOTrainer):
         if not self.use_vllm:
             return self._model_weights
         sampling = SamplingSettings.from_trainer(self)
+        if self.vllm_mode == "colocate" and self.args.perturbation == "lowrank":
+            adapter_dir = tempfile.mkdtemp(prefix="trl-es-lora-")
+            backend = VLLMLoRAPopulationBackend(
+                self.vllm_generation.llm, self._master, self.args.sigma, sampling, adapter_dir
+            )
+            backend.load_weights(self.model.named_parameters())
+            return backend
         if self.vllm_mode == "colocate":
             backend = VLLMColocateBackend(self.vllm_generation.llm, self._master, self.args.sigma, sampling)
             # The engine loaded the checkpoint from disk; the run starts from the trainer's weights.
@@ -503,11 +613,31 @@ def _check_vllm_setup(args: ESConfig, model, peft_config) -> None:
         from .backends.vllm_cpu import keep_plain_linear_weights_on_cpu
 
         keep_plain_linear_weights_on_cpu()  # before GRPOTrainer creates the engine
+        if args.perturbation == "lowrank" and args.lowrank_other_parameters != "frozen":
+            raise ValueError(
+                "With vLLM, low-rank members are LoRA adapters, which perturb only the decoder's Linear projections: "
+                "set lowrank_other_parameters='frozen' (embeddings, lm_head, norms and biases then stay fixed), or "
+                "generate with model.generate (use_vllm=False), where every parameter evolves."
+            )
     elif args.world_size > 1:
         raise NotImplementedError(
             "vllm_mode='server' runs with a single training process for now; launch one process, or use "
             "vllm_mode='colocate'."
         )
+    elif args.perturbation == "lowrank":
+        raise NotImplementedError(
+            "perturbation='lowrank' with vllm_mode='server' is not supported yet: the server's worker draws full-rank "
+            "noise. Use vllm_mode='colocate' (each member a LoRA adapter) or model.generate (use_vllm=False)."
+        )
+
+
+def _lora_engine_if_lowrank(args: ESConfig):
+    """Low-rank members in a colocated engine are LoRA adapters: the engine TRL creates must enable LoRA, with a slot
+    for each member generated in one call."""
+    if not (args.use_vllm and args.vllm_mode == "colocate" and args.perturbation == "lowrank"):
+        return nullcontext()
+    members_per_call = args.population_batch_size or args.population_size // max(args.world_size, 1)
+    return lora_enabled_llm(args.lowrank_rank, max_loras=members_per_call)
 
 
 @contextmanager

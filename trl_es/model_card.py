@@ -14,6 +14,7 @@ SEQUENTIAL_TEMPLATE_NAME = "sequential_model_card.md"
 CARD_HYPERPARAMETERS = (
     "population_size",
     "sigma",
+    "perturbation",
     "learning_rate",
     "lr_scheduler_type",
     "antithetic",
@@ -57,17 +58,22 @@ GRPO_CARD_HYPERPARAMETERS = (
 )
 
 
+LOWRANK_CARD_HYPERPARAMETERS = ("lowrank_rank", "lowrank_other_parameters")
+
+
 def es_hyperparameters(args) -> dict[str, object]:
     """The card's hyperparameter table, read from an `ESConfig`."""
-    return {name: getattr(args, name) for name in CARD_HYPERPARAMETERS}
+    names = CARD_HYPERPARAMETERS + (LOWRANK_CARD_HYPERPARAMETERS if args.perturbation == "lowrank" else ())
+    return {name: getattr(args, name) for name in names}
 
 
 def stage_hyperparameters(args) -> dict[str, object]:
     """An ES or GRPO stage's hyperparameters, for the sequential card."""
     from .es_config import ESConfig
 
-    names = CARD_HYPERPARAMETERS if isinstance(args, ESConfig) else GRPO_CARD_HYPERPARAMETERS
-    return {name: getattr(args, name) for name in names}
+    if isinstance(args, ESConfig):
+        return es_hyperparameters(args)
+    return {name: getattr(args, name) for name in GRPO_CARD_HYPERPARAMETERS}
 
 
 def _render(template_name: str, card_data: ModelCardData, **context) -> ModelCard:
