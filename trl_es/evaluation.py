@@ -101,7 +101,7 @@ class TransformersSampler:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             for start in range(0, len(rows), self.batch_size):
-                input_ids, attention_mask = _left_padded(rows[start : start + self.batch_size], pad_id, model.device)
+                input_ids, attention_mask = left_padded(rows[start : start + self.batch_size], pad_id, model.device)
                 output = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -109,7 +109,7 @@ class TransformersSampler:
                     max_new_tokens=max_new_tokens,
                     pad_token_id=pad_id,
                 )
-                completions += [_until_eos(row, self._eos_ids()) for row in output[:, input_ids.shape[1] :].tolist()]
+                completions += [until_eos(row, self._eos_ids()) for row in output[:, input_ids.shape[1] :].tolist()]
         model.train(was_training)
         return [completions[i : i + n] for i in range(0, len(completions), n)]
 
@@ -282,7 +282,8 @@ def completion_entropy(
     return sums
 
 
-def _left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids` and `attention_mask` of token-id rows, padded on the left for generation."""
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -292,7 +293,7 @@ def _left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return input_ids.to(device), attention_mask.to(device)
 
 
-def _until_eos(token_ids: list[int], eos_ids: set[int]) -> list[int]:
+def until_eos(token_ids: list[int], eos_ids: set[int]) -> list[int]:
     """The generated tokens up to and including the first EOS (what follows is padding)."""
     for position, token in enumerate(token_ids):
         if token in eos_ids:
