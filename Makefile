@@ -14,7 +14,7 @@ endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trl-es-installed
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo bench test test-fast lint clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/trl-es demo
+
+# ES vs GRPO memory, ES overhead over generation (HF full-rank and low-rank, vLLM), scaling; last line RESULT <json>.
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py $(BENCH_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
