@@ -156,6 +156,8 @@ def make_trainer(method: str, model, population_size: int, batch_size: int, max_
         report_to=[],
         disable_tqdm=True,
     )
+    if method == "es-lowrank":
+        method, es_overrides = "es", {"perturbation": "lowrank", **es_overrides}
     if method == "es":
         # sigma well above the 0.02 weight scale, so members write different completions and the update is never 0
         args = ESConfig(population_size=population_size, per_device_train_batch_size=batch_size, sigma=0.05,
@@ -261,8 +263,10 @@ def memory_worker(spec: dict) -> dict:
 
     parameters = [p for p in model.parameters() if p.requires_grad]
     breakdown = {"parameter_bytes": sum(p.numel() * p.element_size() for p in parameters)}
-    if spec["method"] == "es":
-        breakdown["es_master_bytes"] = sum(t.nbytes for t in trainer._master.tensors.values())
+    if spec["method"].startswith("es"):
+        pointers = {p.data_ptr() for p in parameters}  # a master tensor that is the parameter itself costs nothing
+        masters = trainer._master.tensors.values()
+        breakdown["es_master_bytes"] = sum(t.nbytes for t in masters if t.data_ptr() not in pointers)
         breakdown["es_reference_bytes"] = sum(t.nbytes for t in trainer._reference.values())
     else:
         states = trainer.optimizer.state.values()
@@ -306,12 +310,14 @@ def memory_section(cli, model_path: str, device: str) -> dict:
         steps=cli.steps,
         threads=cli.threads,
     )
-    es, grpo = (run_memory_worker({**spec, "method": method}) for method in ("es", "grpo"))
+    es, lowrank, grpo = (run_memory_worker({**spec, "method": method}) for method in ("es", "es-lowrank", "grpo"))
     result = {
         "es": es,
+        "es_lowrank": lowrank,
         "grpo": grpo,
         "memory_ratio_es_over_grpo": es["peak_bytes"] / grpo["peak_bytes"],
         "memory_ratio_added_es_over_grpo": es["added_bytes"] / grpo["added_bytes"],
+        "memory_ratio_es_lowrank_over_grpo": lowrank["peak_bytes"] / grpo["peak_bytes"],
     }
     mib = 2**20
     how = "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS"
@@ -319,20 +325,23 @@ def memory_section(cli, model_path: str, device: str) -> dict:
     print(f"N={cli.population_size} (GRPO: group size), B={cli.batch_size} prompts, "
           f"{cli.population_size * cli.batch_size} completions of {cli.max_completion_length} tokens per step, "
           f"{cli.steps} steps, fresh process each")  # fmt: skip
-    print(f"{'MiB':34s}{'ES':>10s}{'GRPO':>10s}{'ES/GRPO':>10s}")
+    print(f"{'MiB':34s}{'ES':>10s}{'ES low-rank':>13s}{'GRPO':>10s}{'ES/GRPO':>10s}{'low-rank/GRPO':>15s}")
     rows = [("model weights (as loaded)", "model_bytes"), ("peak, weights included", "peak_bytes"),
             ("added by training", "added_bytes")]  # fmt: skip
     for label, key in rows:
-        print(f"{label:34s}{es[key] / mib:10.1f}{grpo[key] / mib:10.1f}{es[key] / grpo[key]:10.3f}")
+        print(f"{label:34s}{es[key] / mib:10.1f}{lowrank[key] / mib:13.1f}{grpo[key] / mib:10.1f}"
+              f"{es[key] / grpo[key]:10.3f}{lowrank[key] / grpo[key]:15.3f}")  # fmt: skip
     print(f"float32 parameters {es['parameter_bytes'] / mib:.1f} MiB. ES keeps a float32 master "
-          f"({es['es_master_bytes'] / mib:.1f}) and a reference copy for es/param_distance "
-          f"({es['es_reference_bytes'] / mib:.1f}); GRPO keeps gradients ({grpo['parameter_bytes'] / mib:.1f}) and "
+          f"({es['es_master_bytes'] / mib:.1f}; low-rank: {lowrank['es_master_bytes'] / mib:.1f}, the model is its "
+          f"own master) and a CPU reference copy for es/param_distance ({es['es_reference_bytes'] / mib:.1f}, not on "
+          f"the GPU); GRPO keeps gradients ({grpo['parameter_bytes'] / mib:.1f}) and "
           f"AdamW moments ({grpo['grpo_optimizer_state_bytes'] / mib:.1f}); GRPO gradient checkpointing="
           f"{grpo['grpo_gradient_checkpointing']}, reference model={grpo['grpo_reference_model']}")  # fmt: skip
     if not (es["peak_reset"] and grpo["peak_reset"]):
         print("warning: the peak-RSS mark could not be reset; the peaks are the processes' lifetime peak RSS")
     print(f"memory_ratio_es_over_grpo = {result['memory_ratio_es_over_grpo']:.3f} (target <= 0.4); "
-          f"memory_ratio_added_es_over_grpo = {result['memory_ratio_added_es_over_grpo']:.3f}")  # fmt: skip
+          f"memory_ratio_added_es_over_grpo = {result['memory_ratio_added_es_over_grpo']:.3f}; "
+          f"memory_ratio_es_lowrank_over_grpo = {result['memory_ratio_es_lowrank_over_grpo']:.3f}")  # fmt: skip
     return result
 
 
@@ -641,7 +650,11 @@ def run(cli, device: str, workdir: Path, started: float):
     result = {"benchmark": "bench", "machine": machine, "settings": {**settings, "parameters": parameters}}
     if "memory" in cli.sections:
         result["memory"] = memory_section(cli, paths[cli.memory_model], device)
-        for key in ("memory_ratio_es_over_grpo", "memory_ratio_added_es_over_grpo"):
+        for key in (
+            "memory_ratio_es_over_grpo",
+            "memory_ratio_added_es_over_grpo",
+            "memory_ratio_es_lowrank_over_grpo",
+        ):
             result[key] = result["memory"][key]
     if "speed" in cli.sections:
         result["speed"] = speed_section(cli, paths[cli.memory_model], device)

@@ -21,7 +21,8 @@ def test_bench_prints_every_ratio_on_its_last_line():
     assert last.startswith("RESULT ")
     result = json.loads(last[len("RESULT ") :])
     for key in ("memory_ratio_es_over_grpo", "overhead_ratio_es_over_generation", "time_ratio_es_over_grpo_per_step",
-                "lowrank_ratio_es_over_generation_n2", "fullrank_ratio_es_over_batched_generation_n2"):  # fmt: skip
+                "lowrank_ratio_es_over_generation_n2", "fullrank_ratio_es_over_batched_generation_n2",
+                "memory_ratio_es_lowrank_over_grpo"):  # fmt: skip
         assert result[key] > 0, key
     # ES keeps no gradients and no optimizer state: it adds less memory than GRPO's AdamW step on the same model.
     assert result["memory_ratio_added_es_over_grpo"] < 1
