@@ -201,20 +201,6 @@ class LowRankMasterWeights(MasterWeights):
             b_blocks.append(b.mul_(coef / math.sqrt(self.rank)))
         return torch.cat(a_blocks, dim=1) @ torch.cat(b_blocks, dim=1).T
 
-    def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float = 0.0) -> float:
-        """`master <- master * (1 - lr * weight_decay) + lr * direction` for every non-frozen tensor; returns the L2
-        norm of `lr * direction`."""
-        squared_norm = 0.0
-        for name, master in self.tensors.items():
-            if self.is_frozen(name):
-                continue
-            step = self.update_direction(name, coefficients).mul_(lr)
-            if weight_decay:
-                master.mul_(1.0 - lr * weight_decay)
-            master.add_(step)
-            squared_norm += float(step.double().pow(2).sum())
-        return math.sqrt(squared_norm)
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Batched evaluation: forward hooks that give each member's rows its own perturbation.

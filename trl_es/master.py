@@ -49,10 +49,17 @@ class MasterWeights:
                 direction.add_(parameter_noise(seed, name, master.shape, master.device), alpha=coefficient)
         return direction
 
+    def is_frozen(self, name: str) -> bool:
+        """Whether tensor `name` is kept fixed: neither perturbed nor updated (every tensor evolves here)."""
+        return False
+
     def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float = 0.0) -> float:
-        """`master <- master * (1 - lr * weight_decay) + lr * direction`; returns the L2 norm of `lr * direction`."""
+        """`master <- master * (1 - lr * weight_decay) + lr * direction` for every tensor that is not frozen; returns
+        the L2 norm of `lr * direction`."""
         squared_norm = 0.0
         for name, master in self.tensors.items():
+            if self.is_frozen(name):
+                continue
             step = self.update_direction(name, coefficients).mul_(lr)
             if weight_decay:
                 master.mul_(1.0 - lr * weight_decay)
