@@ -83,7 +83,8 @@ def test_the_population_diversity_of_a_step_reads_consecutive_completions_as_one
 
     # 2 members x (2 prompts x 2 completions): they split on the first prompt and agree on the second
     rewards = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
-    assert _population_diversity(rewards, num_generations=2) == pytest.approx((1.0 + 0.0) / 2)
+    assert _population_diversity(rewards, num_generations=2, success_threshold=0.0) == pytest.approx((1.0 + 0.0) / 2)
+    assert _population_diversity(rewards, num_generations=2, success_threshold=1.0) == 0.0  # nothing is above 1
 
 
 @pytest.mark.slow
