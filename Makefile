@@ -14,7 +14,7 @@ endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trl-es-installed
 
-.PHONY: install demo bench test test-fast lint clean
+.PHONY: install demo bench lab test test-fast lint clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ demo: $(STAMP)
 # ES vs GRPO memory, ES overhead over generation (HF full-rank and low-rank, vLLM), scaling; last line RESULT <json>.
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py $(BENCH_FLAGS)
+
+# The coverage lab: base, ES, GRPO, ES->GRPO, GRPO->ES at equal budgets, 3 seeds (~40 min on 2 CPU cores): docs/lab.md.
+lab: $(STAMP)
+	$(VENV)/bin/trl-es lab $(LAB_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

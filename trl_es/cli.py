@@ -18,6 +18,13 @@ from pathlib import Path
 from . import vllm_serve
 
 
+def _lab(argv: list[str]) -> int:
+    from .lab import main as run_lab
+
+    run_lab(argv)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -272,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     vllm_serve.add_arguments(serve)
     serve.set_defaults(handler=vllm_serve.serve)
 
+    commands.add_parser(
+        "lab",
+        help="Base, ES, GRPO, ES->GRPO and GRPO->ES on the embedded arithmetic model at equal completion budgets "
+        "(Pass@k, Maj@k, entropy, shift, JS diversity, sparsity): docs/lab.md. `trl-es lab --help` for its flags.",
+        add_help=False,  # the lab's own parser reads the flags, `-h` included (see main)
+    )
+
     _add_analyze_parser(commands)
 
     for command in TRAINING_COMMANDS.values():
@@ -290,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             return launch_training(command, argv[argv.index(command.name) + 1 :])
         except ValueError as error:
             parser.exit(2, f"trl-es {command.name}: error: {error}\n")
+    if known.command == "lab":
+        return _lab(argv[argv.index("lab") + 1 :])
     args = parser.parse_args(argv)
     return args.handler(args)
 
