@@ -25,21 +25,15 @@ from trl.rewards import accuracy_reward
 from trl_es import ESConfig
 from trl_es.gsm8k import GSM8KScriptArguments
 from trl_es.sequential import SequentialTrainer
-from trl_es.stage_configs import SequenceArguments, stage_configs
+from trl_es.stage_configs import SequenceArguments
 
 
 def main(script_args: GSM8KScriptArguments, sequence_args: SequenceArguments, training_args: ESConfig, model_args):
     training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
     dataset = script_args.train_dataset(seed=training_args.seed)
-    stages = stage_configs(
-        training_args,
-        sequence_args.order,
-        es_overrides=sequence_args.es_overrides,
-        grpo_overrides=sequence_args.grpo_overrides,
-    )
     sequence = SequentialTrainer(
         model=model_args.model_name_or_path,
-        stages=stages,
+        stages=sequence_args.stages(training_args),
         output_dir=training_args.output_dir,
         reward_funcs=accuracy_reward,
         train_dataset=dataset,

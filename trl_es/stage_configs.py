@@ -96,6 +96,10 @@ class SequenceArguments:
         self.grpo_overrides = checked_overrides(self.grpo_overrides, GRPOConfig, "grpo_overrides")
         self.es_overrides = checked_overrides(self.es_overrides, ESConfig, "es_overrides")
 
+    def stages(self, args: ESConfig) -> list[ESConfig | GRPOConfig]:
+        """The two stage configs, in this order and with these overrides, built from the top-level `args`."""
+        return stage_configs(args, self.order, es_overrides=self.es_overrides, grpo_overrides=self.grpo_overrides)
+
 
 def stage_configs(
     args: ESConfig,

@@ -32,7 +32,6 @@ def main(script_args, sequence_args, training_args, model_args, dataset_args):
     from accelerate import PartialState
 
     from trl_es.sequential import SequentialTrainer
-    from trl_es.stage_configs import stage_configs
 
     check_model(model_args)
     if model_args.use_peft or model_args.load_in_4bit or model_args.load_in_8bit:
@@ -45,16 +44,10 @@ def main(script_args, sequence_args, training_args, model_args, dataset_args):
     train_dataset, eval_dataset = load_datasets(
         script_args, dataset_args, seed=training_args.seed, with_eval=training_args.eval_strategy != "no"
     )
-    stages = stage_configs(
-        training_args,
-        sequence_args.order,
-        es_overrides=sequence_args.es_overrides,
-        grpo_overrides=sequence_args.grpo_overrides,
-    )
 
     sequence = SequentialTrainer(
         model=model_args.model_name_or_path,
-        stages=stages,
+        stages=sequence_args.stages(training_args),
         output_dir=training_args.output_dir,
         reward_funcs=reward_funcs,
         train_dataset=train_dataset,
