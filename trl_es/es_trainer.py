@@ -280,10 +280,11 @@ class ESTrainer(GRPOTrainer):
 
         Returns one evaluation per member, in round order, each with the rewards of that round's members of every
         process, as `_evaluate_member` does."""
-        args, num_processes, rows = self.args, self.accelerator.num_processes, len(prompts)
+        num_processes, rows = self.accelerator.num_processes, len(prompts)
+        per_call = self.args.population_batch_size or len(members)
         evaluations = []
-        for start in range(0, len(members), args.population_batch_size or len(members)):
-            batch = members[start : start + (args.population_batch_size or len(members))]
+        for start in range(0, len(members), per_call):
+            batch = members[start : start + per_call]
             with _timed(seconds, "generate"), self._generating_population(batch, rows):
                 completions, completion_ids = self._generate_for_member(prompts * len(batch))
             with _timed(seconds, "reward"):

@@ -96,7 +96,7 @@ class TransformersSampler:
         model.eval()
         rows = [ids for ids in prompt_ids for _ in range(n)]
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
-        completions = []
+        completions, eos_ids = [], self._eos_ids()
         devices = [model.device] if model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
@@ -109,7 +109,7 @@ class TransformersSampler:
                     max_new_tokens=max_new_tokens,
                     pad_token_id=pad_id,
                 )
-                completions += [until_eos(row, self._eos_ids()) for row in output[:, input_ids.shape[1] :].tolist()]
+                completions += [until_eos(row, eos_ids) for row in output[:, input_ids.shape[1] :].tolist()]
         model.train(was_training)
         return [completions[i : i + n] for i in range(0, len(completions), n)]
 
