@@ -36,7 +36,7 @@ bench: $(STAMP)
 
 # The coverage lab: base, ES, GRPO, ES->GRPO, GRPO->ES at equal budgets, 3 seeds (~40 min on 2 CPU cores): docs/lab.md.
 lab: $(STAMP)
-	$(VENV)/bin/trl-es lab $(LAB_FLAGS)
+	$(PY) -m experiments.coverage_lab $(LAB_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -107,7 +107,7 @@ def save_random_qwen2(path: Path, size: str) -> tuple[Path, int]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trl_es.tiny_model import build_tiny_tokenizer
+    from trl_es.testing import build_tiny_tokenizer
 
     hidden, layers = MODEL_SIZES[size]
     heads = hidden // 64
@@ -141,7 +141,7 @@ def make_trainer(method: str, model, population_size: int, batch_size: int, max_
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_es import ESConfig, ESTrainer
-    from trl_es.toy_task import digit_fraction, digit_prompts
+    from trl_es.testing import digit_fraction, digit_prompts
 
     common = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-es-bench-"),
@@ -214,7 +214,7 @@ def memory_worker(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from trl_es.tiny_model import save_tiny_model
+    from trl_es.testing import save_tiny_model
 
     cuda = spec["device"] == "cuda"
     if spec["threads"]:
@@ -265,7 +265,7 @@ def memory_worker(spec: dict) -> dict:
     breakdown = {"parameter_bytes": sum(p.numel() * p.element_size() for p in parameters)}
     if spec["method"].startswith("es"):
         pointers = {p.data_ptr() for p in parameters}  # a master tensor that is the parameter itself costs nothing
-        masters = trainer._master.tensors.values()
+        masters = trainer.population.master.tensors.values()
         breakdown["es_master_bytes"] = sum(t.nbytes for t in masters if t.data_ptr() not in pointers)
         breakdown["es_reference_bytes"] = sum(t.nbytes for t in trainer._reference.values())
     else:
@@ -351,7 +351,7 @@ def memory_section(cli, model_path: str, device: str) -> dict:
 
 def warmed_up_es(model_path: str, population_size: int, batch_size: int, cli, device: str, **es_overrides):
     """An ESTrainer after one step through the Trainer loop (which creates the master), and its prompt batch."""
-    from trl_es.toy_task import digit_prompts
+    from trl_es.testing import digit_prompts
 
     trainer = make_trainer("es", model_path, population_size, batch_size, cli.max_completion_length, steps=1,
                            cpu=device == "cpu", **es_overrides)  # fmt: skip
@@ -370,7 +370,7 @@ def generation_seconds(trainer, prompts: list[str]) -> float:
     """`model.generate` of the ES step's calls (N calls of B rows, the step's sampling seed), weights fixed."""
     import torch
 
-    from trl_es.noise import sampling_seed
+    from trl_es.core.noise import sampling_seed
 
     model = trainer.model
     inputs = trainer.processing_class(
@@ -405,7 +405,9 @@ def grpo_step_seconds(trainer, prompts: list[str]) -> float:
 
 
 def es_phases(trainer, repetitions: int) -> dict:
-    recorded = trainer._metrics["train"]
+    from trl_es.trl_compat import logged_metrics
+
+    recorded = logged_metrics(trainer, "train")
     phases = {
         phase: statistics.median(recorded[f"es/time/{phase}"][-repetitions:])
         for phase in ("perturb", "generate", "reward", "update")

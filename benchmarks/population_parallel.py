@@ -34,7 +34,7 @@ def parse_args(argv=None):
 def worker(cli):
     """One training run under `accelerate launch`; the main process writes its measured seconds per step."""
     from trl_es import ESConfig, ESTrainer
-    from trl_es.toy_task import digit_fraction, digit_prompts
+    from trl_es.testing import digit_fraction, digit_prompts
 
     processes = int(os.environ.get("WORLD_SIZE", 1))
     args = ESConfig(
@@ -69,8 +69,7 @@ def main():
     if cli.worker_output:
         return worker(cli)
     if cli.model is None:
-        from trl_es.tiny_model import save_tiny_model
-        from trl_es.toy_task import PEAKED_INITIALIZER_RANGE
+        from trl_es.testing import PEAKED_INITIALIZER_RANGE, save_tiny_model
 
         cli.model = str(save_tiny_model(tempfile.mkdtemp() + "/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
     accelerate = Path(sys.executable).with_name("accelerate")

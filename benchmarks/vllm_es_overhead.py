@@ -34,9 +34,9 @@ def parse_args():
 def main():
     cli = parse_args()
     from trl_es import ESConfig, ESTrainer
-    from trl_es.noise import sampling_seed
-    from trl_es.tiny_model import save_tiny_model
-    from trl_es.toy_task import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts
+    from trl_es.core.noise import sampling_seed
+    from trl_es.testing import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts, save_tiny_model
+    from trl_es.trl_compat import logged_metrics
 
     workdir = tempfile.mkdtemp(prefix="trl-es-bench-")
     model = cli.model or str(save_tiny_model(f"{workdir}/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
@@ -63,7 +63,7 @@ def main():
     trainer.train()  # warm-up steps through the Trainer loop; they also create the master and the backend
 
     # Interleave ES steps and the baseline so that both see the same machine load.
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     batch = [{"prompt": prompt} for prompt in dataset["prompt"][: cli.batch_size]]
     prompt_ids = [trainer.processing_class(row["prompt"])["input_ids"] for row in batch]
     seed = sampling_seed(args.seed, trainer.state.global_step)
@@ -74,10 +74,10 @@ def main():
         es_steps.append(time.perf_counter() - start)
         start = time.perf_counter()
         for _member in range(cli.population_size):  # the same N calls of B rows and seeds, weights fixed
-            backend.generate(prompt_ids, seed)
+            backend.generate_center(prompt_ids, trainer.sampling, seed)
         generations.append(time.perf_counter() - start)
     es_step, generation = statistics.median(es_steps), statistics.median(generations)
-    recorded = trainer._metrics["train"]  # the measured steps' phase timings (not yet flushed to a log)
+    recorded = logged_metrics(trainer, "train")  # the measured steps' phase timings (not yet flushed to a log)
     phases = {
         phase: statistics.median(recorded[f"es/time/{phase}"][-cli.steps :])
         for phase in ("perturb", "generate", "reward", "update")

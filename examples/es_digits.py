@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from trl import TrlParser
 
 from trl_es import ESConfig, ESTrainer
-from trl_es.tiny_model import save_tiny_model
-from trl_es.toy_task import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts
+from trl_es.testing import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts, save_tiny_model
 
 
 @dataclass
@@ -42,7 +41,7 @@ def main(script_args: ScriptArguments, training_args: ESConfig):
 
 if __name__ == "__main__":
     parser = TrlParser((ScriptArguments, ESConfig))
-    # Settings that suit this toy task (see trl_es/demo.py); every one can be overridden by a flag.
+    # Settings that suit this toy task (see trl_es/demo/run.py); every one can be overridden by a flag.
     parser.set_defaults(
         population_size=16,
         sigma=0.1,

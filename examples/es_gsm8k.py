@@ -16,7 +16,7 @@ from trl import ModelConfig, TrlParser
 from trl.rewards import accuracy_reward
 
 from trl_es import ESConfig, ESTrainer
-from trl_es.gsm8k import GSM8KScriptArguments
+from trl_es.tasks.gsm8k import GSM8KScriptArguments
 
 
 def main(script_args: GSM8KScriptArguments, training_args: ESConfig, model_args: ModelConfig):

@@ -77,7 +77,7 @@ if __name__ == "__main__":
     workdir = tempfile.mkdtemp(prefix="grpo-swap-")
     settings = {} if cli.max_steps is None else {"max_steps": cli.max_steps}
     if cli.model is None:
-        from trl_es.tiny_model import save_tiny_model
+        from trl_es.testing import save_tiny_model
 
         cli.model = str(save_tiny_model(f"{workdir}/tiny-qwen2"))
         settings = {**OFFLINE_SETTINGS, **settings}

@@ -15,7 +15,7 @@ Without the Hugging Face Hub, generate GSM8K-style problems locally and pass a l
 The flags are ESConfig's and configure the ES stage. The GRPO stage copies them, except the fields whose meaning or
 default ES redefines (`learning_rate`, `lr_scheduler_type`, `num_generations`, `temperature`, `bf16`, ...), which keep
 GRPOConfig's defaults; `--grpo_overrides` (JSON) sets fields of the GRPO stage only and `--es_overrides` fields of the
-ES stage only (`trl_es/stage_configs.py`). `trl-es es-then-grpo` runs the same with any dataset and reward.
+ES stage only (`trl_es/sequential/stage_configs.py`). `trl-es es-then-grpo` runs the same with any dataset and reward.
 """
 
 from accelerate import PartialState
@@ -23,9 +23,9 @@ from trl import ModelConfig, TrlParser
 from trl.rewards import accuracy_reward
 
 from trl_es import ESConfig
-from trl_es.gsm8k import GSM8KScriptArguments
-from trl_es.sequential import SequentialTrainer
-from trl_es.stage_configs import SequenceArguments
+from trl_es.sequential.stage_configs import SequenceArguments
+from trl_es.sequential.trainer import SequentialTrainer
+from trl_es.tasks.gsm8k import GSM8KScriptArguments
 
 
 def main(script_args: GSM8KScriptArguments, sequence_args: SequenceArguments, training_args: ESConfig, model_args):

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from scripts.fast_es import fast_es_config  # noqa: E402
 
-from trl_es.tiny_model import save_tiny_model  # noqa: E402
+from trl_es.testing import save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trl_es.analysis import (
+from trl_es.cli.main import main
+from trl_es.demo.run import DEMO_MODEL
+from trl_es.evaluation.analysis import (
     compare_checkpoints,
     forgetting,
     format_comparison,
@@ -20,11 +22,9 @@ from trl_es.analysis import (
     sparsify,
     training_curves,
 )
-from trl_es.cli import main
-from trl_es.demo import DEMO_MODEL
-from trl_es.evaluation import CoverageReport
-from trl_es.plots import plot_pass_at_k, plot_shift_histogram, plot_training_curves
-from trl_es.tiny_model import save_tiny_model
+from trl_es.evaluation.coverage import CoverageReport
+from trl_es.evaluation.plots import plot_pass_at_k, plot_shift_histogram, plot_training_curves
+from trl_es.testing import save_tiny_model
 
 
 def weights(checkpoint) -> dict[str, torch.Tensor]:
@@ -245,7 +245,8 @@ def test_analyze_compare_prints_the_forgetting_table_and_plots_pass_at_k(tmp_pat
     argv = ["analyze", "compare", str(DEMO_MODEL), str(copy), "--num_problems", "4", "--ks", "1", "2"]
     assert main(argv + ["--plot", str(tmp_path / "passk.png")]) == 0
     output = capsys.readouterr().out
-    assert "greedy_accuracy" in output and "demo_model" in output and "tuned" in output
+    # The columns are the checkpoints' folder names: the demo's `model/` and its copy `tuned/`.
+    assert output.splitlines()[0].split()[1:3] == ["model", "tuned"] and "greedy_accuracy" in output
     assert (tmp_path / "passk.png").stat().st_size > 0
 
 

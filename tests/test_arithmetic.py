@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer, problem
-from trl_es.pretrain_arithmetic import MISREAD_FRACTION, pretrain, written_answer
+from trl_es.demo.pretrain import MISREAD_FRACTION, pretrain, written_answer
+from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer, problem
 
 
 def test_problems_are_a_pure_function_of_split_and_index():

@@ -89,3 +89,18 @@ def test_an_unmodified_grpo_script_runs_after_the_class_swap(tmp_path, tiny_mode
     trainer.train()
     assert trainer.state.global_step == 1
     assert trainer.args.learning_rate == 5e-4
+
+
+def test_a_rollout_func_is_refused_naming_the_alternatives(tiny_model_path, prompts, make_config):
+    def rollout(prompts, trainer):
+        raise AssertionError("never called: members must be generated with their own weights")
+
+    with pytest.raises(NotImplementedError, match="own weights") as refused:
+        ESTrainer(
+            model=tiny_model_path,
+            reward_funcs=length_reward,
+            args=make_config(),
+            train_dataset=prompts,
+            rollout_func=rollout,
+        )
+    assert "reward function" in str(refused.value) and "GRPOTrainer" in str(refused.value)

@@ -5,9 +5,9 @@ from scripts.fast_es import fast_es_config, fast_grpo_config
 from trl import GRPOTrainer
 
 from trl_es import ESTrainer
-from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
-from trl_es.callbacks import CoverageEvalCallback
-from trl_es.demo import DEMO_MODEL
+from trl_es.demo.run import DEMO_MODEL
+from trl_es.evaluation.callbacks import CoverageEvalCallback
+from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
 
 EXPECTED = {"eval_arithmetic_greedy_accuracy", "eval_arithmetic_pass@1", "eval_arithmetic_pass@2"}
 EXPECTED |= {"eval_arithmetic_maj@1", "eval_arithmetic_maj@2", "eval_arithmetic_entropy"}

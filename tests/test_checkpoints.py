@@ -11,8 +11,8 @@ from scripts.fast_es import MOVING
 from transformers import AutoModelForCausalLM
 
 from trl_es import ESTrainer
-from trl_es.checkpoint import last_complete_checkpoint
-from trl_es.toy_task import digit_fraction
+from trl_es.core.checkpoint import last_complete_checkpoint
+from trl_es.testing import digit_fraction
 
 
 def resumable_config(make_config, **overrides):
@@ -41,7 +41,7 @@ def test_resume_continues_the_run_bit_for_bit(tiny_model_path, prompts, make_con
 
     assert resumed.state.global_step == 4
     assert_bitwise_equal(weights(uninterrupted.model), weights(resumed.model))
-    assert_bitwise_equal(uninterrupted._master.tensors, resumed._master.tensors)
+    assert_bitwise_equal(uninterrupted.population.master.tensors, resumed.population.master.tensors)
     first_log = [h for h in uninterrupted.state.log_history if h.get("step") == 4 and "reward" in h][0]
     resumed_log = [h for h in resumed.state.log_history if h.get("step") == 4 and "reward" in h][0]
     assert first_log["reward"] == resumed_log["reward"]
@@ -87,7 +87,7 @@ def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(t
         trainer.train()
     # The model holds the centre (the master), not the member that was being evaluated.
     for name, param in trainer.model.named_parameters():
-        assert torch.equal(param.detach(), trainer._master.tensors[name]), name
+        assert torch.equal(param.detach(), trainer.population.master.tensors[name]), name
     assert last_complete_checkpoint(config.output_dir) == str(Path(config.output_dir) / "checkpoint-2")
 
     resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
@@ -117,3 +117,30 @@ def test_save_model_writes_an_es_model_card(tiny_model_path, prompts, make_confi
     for expected in ("tiny-es", "| `population_size` | `4` |", "| `sigma` | `0.001` |", "2509.24372", "2608.27351"):
         assert expected in card, expected
     assert "trl-es" in card and "tags:" in card
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("sigma", 0.07), ("population_size", 2), ("fitness_shaping", "centered_rank"), ("seed", 7)]
+)
+def test_resuming_with_another_run_setting_names_it(tiny_model_path, prompts, make_config, name, value):
+    config = resumable_config(make_config, max_steps=2)
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
+    changed = resumable_config(make_config, max_steps=3, **{name: value})
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=changed, train_dataset=prompts)
+    with pytest.warns(UserWarning, match=rf"written with {name}=.*Resume with {name}="):
+        resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / "checkpoint-2"))
+
+
+def test_the_resume_check_compares_every_run_setting_and_only_low_rank_ones_for_low_rank_runs(make_config):
+    from trl_es.trainer.es_config import LOWRANK_RUN_SETTINGS, RUN_SETTINGS, changed_run_settings, run_settings
+
+    full = make_config()
+    saved = run_settings(full)
+    assert set(saved) == set(RUN_SETTINGS) and changed_run_settings(saved, full) == {}
+    lowrank = make_config(perturbation="lowrank", lowrank_rank=2)
+    assert set(run_settings(lowrank)) == set(RUN_SETTINGS) | set(LOWRANK_RUN_SETTINGS)
+    assert changed_run_settings(run_settings(lowrank), make_config(perturbation="lowrank", lowrank_rank=4)) == {
+        "lowrank_rank": (2, 4)
+    }
+    assert changed_run_settings(saved, lowrank) == {"perturbation": ("full", "lowrank")}
+    assert changed_run_settings(json.loads(json.dumps(saved)), full) == {}  # as read back from es_state.json

@@ -11,9 +11,9 @@ import torch
 from trl import DatasetMixtureConfig, GRPOConfig
 
 from trl_es import ESConfig
-from trl_es.cli import TRAINING_COMMANDS, accelerate_launch_args, main, resolve_accelerate_config_argument
-from trl_es.scripts.es import ESScriptArguments, load_datasets, load_reward_funcs
-from trl_es.stage_configs import ES_REDEFINED_FIELDS, SequenceArguments, stage_configs
+from trl_es.cli.es import ESScriptArguments, load_datasets, load_reward_funcs
+from trl_es.cli.main import TRAINING_COMMANDS, accelerate_launch_args, main, resolve_accelerate_config_argument
+from trl_es.sequential.stage_configs import ES_REDEFINED_FIELDS, SequenceArguments, stage_configs
 
 REPO = Path(__file__).parents[1]
 CONFIGS = REPO / "examples" / "accelerate_configs"
@@ -115,7 +115,7 @@ def launch_args(command: str, *argv: str) -> list[str]:
 
 def test_accelerate_config_name_becomes_our_config_file():
     args = launch_args("es", "--output_dir", "out", "--accelerate_config", "multi_gpu", "--num_processes", "2")
-    script = str(REPO / "trl_es" / "scripts" / "es.py")
+    script = str(REPO / "trl_es" / "cli" / "es.py")
     assert args == [
         "--config_file",
         str(CONFIGS / "multi_gpu.yaml"),
@@ -155,7 +155,7 @@ def test_yaml_keys_the_script_does_not_take_go_to_accelerate(tmp_path):
     )
     args = launch_args("es-then-grpo", "--config", str(config))
     assert args[:4] == ["--config_file", str(CONFIGS / "multi_gpu.yaml"), "--num_processes", "2"]
-    assert args[4:] == [str(REPO / "trl_es" / "scripts" / "sequential.py"), "--config", str(config)] + [
+    assert args[4:] == [str(REPO / "trl_es" / "cli" / "sequential.py"), "--config", str(config)] + [
         "--order",
         "es-then-grpo",
     ]
@@ -168,7 +168,7 @@ def test_an_unknown_dataset_lists_the_built_in_tasks(tmp_path):
 
 
 def test_the_arithmetic_task_and_its_reward_are_built_in_when_their_module_is_there():
-    pytest.importorskip("trl_es.arithmetic")
+    pytest.importorskip("trl_es.tasks.arithmetic")
     script_args = ESScriptArguments(
         dataset_name="arithmetic", num_offline_problems=4, reward_funcs=["arithmetic_reward"]
     )
@@ -206,7 +206,7 @@ FAST_FLAGS = dict(
 def run_trl_es(*argv: str, cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-m", "trl_es.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "trl_es.cli.main", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -221,7 +221,7 @@ def test_trl_es_es_trains_and_saves_the_model(tmp_path, tiny_model_path, prompts
     run_trl_es(
         "es",
         *("--model_name_or_path", tiny_model_path, "--dataset_name", str(prompts_folder)),
-        *("--reward_funcs", "accuracy_reward", "trl_es.toy_task.digit_fraction"),
+        *("--reward_funcs", "accuracy_reward", "trl_es.testing.digit_fraction"),
         *("--output_dir", str(tmp_path / "es"), "--accelerate_config", "multi_gpu", "--num_processes", "2", *flags),
         cwd=tmp_path,
     )
@@ -234,7 +234,7 @@ def test_trl_es_es_then_grpo_from_a_yaml_config(tmp_path, tiny_model_path, promp
     config = {
         "model_name_or_path": tiny_model_path,
         "dataset_name": str(prompts_folder),
-        "reward_funcs": ["trl_es.toy_task.digit_fraction"],
+        "reward_funcs": ["trl_es.testing.digit_fraction"],
         "output_dir": str(tmp_path / "run"),
         **FAST_FLAGS,
         "learning_rate": 0.001,

@@ -4,9 +4,9 @@ import pytest
 from scripts.fast_es import fast_es_config
 
 from trl_es import ESTrainer
-from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
-from trl_es.demo import DEMO_MODEL
-from trl_es.evaluation import coverage_report
+from trl_es.demo.run import DEMO_MODEL
+from trl_es.evaluation.coverage import coverage_report
+from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
 
 TEST_SET = arithmetic_dataset("test", 8)
 
@@ -25,7 +25,7 @@ def _trainer(tmp_path, **overrides):
 
 def test_each_evaluation_logs_coverage_of_the_centre(tmp_path):
     # a visible sigma: had a perturbed member been measured instead of the centre, the numbers would differ
-    trainer = _trainer(tmp_path, eval_answer_extractor="trl_es.arithmetic.extract_answer", sigma=0.05)
+    trainer = _trainer(tmp_path, eval_answer_extractor="trl_es.tasks.arithmetic.extract_answer", sigma=0.05)
     trainer.train()
     evaluations = [entry for entry in trainer.state.log_history if "eval_pass@1" in entry]
     assert [entry["step"] for entry in evaluations] == [1, 2]
@@ -43,7 +43,9 @@ def test_each_evaluation_logs_coverage_of_the_centre(tmp_path):
 
 def test_without_an_extractor_correctness_is_a_positive_reward_and_maj_is_not_logged(tmp_path):
     by_reward = _trainer(tmp_path / "reward").evaluate()
-    by_answer = _trainer(tmp_path / "answer", eval_answer_extractor="trl_es.arithmetic.extract_answer").evaluate()
+    by_answer = _trainer(
+        tmp_path / "answer", eval_answer_extractor="trl_es.tasks.arithmetic.extract_answer"
+    ).evaluate()
     # arithmetic_reward is 1 exactly when the extracted answer is right, so both judges agree.
     for name in ("eval_greedy_accuracy", "eval_pass@1", "eval_pass@2", "eval_entropy"):
         assert by_reward[name] == by_answer[name]
@@ -51,8 +53,8 @@ def test_without_an_extractor_correctness_is_a_positive_reward_and_maj_is_not_lo
 
 
 def test_an_extractor_that_cannot_be_imported_is_refused_before_training(tmp_path):
-    with pytest.raises(ValueError, match="eval_answer_extractor='trl_es.arithmetic.no_such_function'"):
-        _trainer(tmp_path, eval_answer_extractor="trl_es.arithmetic.no_such_function")
+    with pytest.raises(ValueError, match="eval_answer_extractor='trl_es.tasks.arithmetic.no_such_function'"):
+        _trainer(tmp_path, eval_answer_extractor="trl_es.tasks.arithmetic.no_such_function")
 
 
 @pytest.mark.parametrize("ks", [[], [0, 2]])

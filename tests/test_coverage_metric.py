@@ -4,7 +4,7 @@ import pytest
 
 evaluate = pytest.importorskip("evaluate")
 
-from trl_es.coverage_metric import COVERAGE_METRIC_PATH, Coverage  # noqa: E402
+from trl_es.evaluation.coverage_metric import COVERAGE_METRIC_PATH, Coverage  # noqa: E402
 
 PREDICTIONS = [["4", "5", "4"], [None, "7", "7"]]
 REFERENCES = ["4", "7"]

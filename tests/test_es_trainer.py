@@ -6,8 +6,8 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOTrainer
 
 from trl_es import ESTrainer
-from trl_es.fitness import shape_fitness, update_coefficients
-from trl_es.noise import parameter_noise, population
+from trl_es.core.fitness import shape_fitness, update_coefficients
+from trl_es.core.noise import parameter_noise, population
 
 
 def constant_reward(completions, **kwargs):

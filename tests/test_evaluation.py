@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_es.arithmetic import arithmetic_dataset, extract_answer
-from trl_es.demo import DEMO_MODEL
-from trl_es.evaluation import TransformersSampler, completion_entropy, coverage_report
+from trl_es.demo.run import DEMO_MODEL
+from trl_es.evaluation.coverage import TransformersSampler, completion_entropy, coverage_report
+from trl_es.tasks.arithmetic import arithmetic_dataset, extract_answer
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from trl_es.fitness import centered_ranks, shape_fitness, update_coefficients, zscore
-from trl_es.noise import Member
+from trl_es.core.fitness import centered_ranks, shape_fitness, update_coefficients, zscore
+from trl_es.core.noise import Member
 
 
 def test_zscore_standardises():
@@ -54,3 +54,27 @@ def test_antithetic_coefficient_is_half_the_difference_averaged_over_pairs():
 def test_coefficients_reject_a_length_mismatch():
     with pytest.raises(ValueError, match="3 fitness values for 2 members"):
         update_coefficients([Member(1), Member(2)], torch.zeros(3))
+
+
+def test_weighted_rewards_skip_unscored_entries_and_keep_unscored_completions_nan():
+    from trl_es.core.fitness import weighted_rewards
+
+    rewards_per_func = torch.tensor([[1.0, 2.0], [float("nan"), 3.0], [float("nan"), float("nan")]])
+    rewards = weighted_rewards(rewards_per_func, torch.tensor([0.5, 2.0]))
+    assert rewards[:2].tolist() == [0.5 + 4.0, 6.0]
+    assert torch.isnan(rewards[2])  # no function scored it: it must not count as 0
+
+
+def test_member_fitness_averages_scored_completions_and_gives_unscored_members_the_population_mean():
+    from trl_es.core.fitness import member_fitness
+
+    nan = float("nan")
+    fitness = member_fitness(torch.tensor([[1.0, nan, 3.0], [nan, nan, nan], [0.0, 0.0, 4.0]]))
+    assert fitness.tolist() == [2.0, pytest.approx(5 / 3), pytest.approx(4 / 3)]
+
+
+def test_member_fitness_refuses_a_population_with_no_score_at_all():
+    from trl_es.core.fitness import member_fitness
+
+    with pytest.raises(ValueError, match="returned None for every completion"):
+        member_fitness(torch.full((2, 3), float("nan")))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_es.gsm8k import OFFLINE_DATASET, gsm8k_dataset, gsm8k_solution
+from trl_es.tasks.gsm8k import OFFLINE_DATASET, gsm8k_dataset, gsm8k_solution
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "es_gsm8k.py"
 

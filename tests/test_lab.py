@@ -1,4 +1,5 @@
-"""The coverage lab (`python -m trl_es.lab`): the --quick smoke run writes the JSON, the plots and the report."""
+"""The coverage lab (`python -m experiments.coverage_lab`): budgets, summaries, help texts and the report; the
+--quick smoke run writes the JSON, the plots and the report."""
 
 import json
 import os
@@ -8,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from trl_es.lab import METHODS, LabSettings, quick_settings, spread
+from experiments.coverage_lab import (
+    METHODS,
+    LabSettings,
+    es_config,
+    load_average,
+    parse_args,
+    quick_settings,
+    render_markdown,
+    spread,
+)
+from trl_es.demo.run import DEMO
 
 REPO = Path(__file__).parents[1]
 
@@ -31,10 +42,49 @@ def test_spread_gives_mean_std_and_values():
     assert spread([0.5])["std"] == 0.0
 
 
+def test_the_lab_runs_es_with_the_demos_settings(tmp_path):
+    settings = LabSettings()
+    lab = es_config(settings, str(tmp_path), DEMO.max_steps, seed=0).to_dict()
+    demo = DEMO.es_config(str(tmp_path), 0, logging_steps=settings.logging_steps, disable_tqdm=True).to_dict()
+    assert lab == demo
+
+
+def test_the_help_states_the_real_defaults(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"ES steps (default {LabSettings().es_steps}, {quick_settings().es_steps} with --quick;" in help_text
+    assert f"default {len(LabSettings().seeds)})" in help_text
+    assert parse_args([]).seeds == len(LabSettings().seeds)
+
+
+def test_the_report_says_unavailable_when_the_load_average_is(monkeypatch, tmp_path):
+    def no_load_average():
+        raise OSError("Load average is unobtainable")
+
+    monkeypatch.setattr(os, "getloadavg", no_load_average)
+    assert load_average() is None
+    monkeypatch.delattr(os, "getloadavg")
+    assert load_average() is None
+    results = json.loads((REPO / "docs" / "lab" / "results.json").read_text())
+    results["machine"]["load_average_at_start"] = None
+    plots = {name: tmp_path / "lab" / name for name in ("pass_at_k", "curves", "json")}
+    assert "(load average unavailable at the start)" in render_markdown(results, tmp_path / "lab.md", plots)
+
+
 @pytest.mark.slow
 def test_the_quick_lab_writes_results_plots_and_report(tmp_path):
     output_dir = tmp_path / "lab"
-    command = [sys.executable, "-m", "trl_es.lab", "--quick", "--seeds", "2", "--output_dir", str(output_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.coverage_lab",
+        "--quick",
+        "--seeds",
+        "2",
+        "--output_dir",
+        str(output_dir),
+    ]
     command += ["--work_dir", str(tmp_path / "work")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(command, cwd=tmp_path, env=env, check=True, timeout=600, capture_output=True)
@@ -57,4 +107,4 @@ def test_the_quick_lab_writes_results_plots_and_report(tmp_path):
     assert (output_dir / "reward_curves.png").stat().st_size > 0
     report = (tmp_path / "lab.md").read_text()
     assert "](lab/pass_at_k.png)" in report and "](lab/reward_curves.png)" in report
-    assert "python -m trl_es.lab --quick" in report
+    assert "python -m experiments.coverage_lab --quick" in report

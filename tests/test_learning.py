@@ -2,7 +2,7 @@
 
 import pytest
 
-from trl_es.demo import run_demo
+from trl_es.demo.run import run_demo
 
 
 @pytest.mark.slow

@@ -4,18 +4,12 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from trl_es.fitness import update_coefficients
-from trl_es.lowrank import (
-    CommonRandomGumbel,
-    LowRankMasterWeights,
-    lowrank_factors,
-    lowrank_noise,
-    lowrank_parameter_names,
-    lowrank_population,
-)
-from trl_es.master import MasterWeights
-from trl_es.noise import Member, population
-from trl_es.tiny_model import build_tiny_qwen2, build_tiny_tokenizer
+from trl_es.backends.hf_lowrank import CommonRandomGumbel, lowrank_population
+from trl_es.core.fitness import update_coefficients
+from trl_es.core.lowrank import LowRankMasterWeights, lowrank_factors, lowrank_noise, lowrank_parameter_names
+from trl_es.core.master import MasterWeights
+from trl_es.core.noise import Member, population
+from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer
 
 SIGMA = 0.05
 RANK = 2
@@ -35,15 +29,15 @@ def _model(tokenizer, tied=False, initializer_range=0.02):
 
 def _master(model, other_parameters="full", rank=RANK):
     parameters = dict(model.named_parameters())
-    return LowRankMasterWeights.from_model(model, parameters, rank, other_parameters)
+    return LowRankMasterWeights.from_model(model, parameters, SIGMA, rank, other_parameters)
 
 
-def _explicit_member(model, master, member, sigma=SIGMA):
+def _explicit_member(model, master, member):
     """A copy of `model` whose weights were written as `master + sign * sigma * eps`."""
     explicit = copy.deepcopy(model)
     parameters = dict(explicit.named_parameters())
     with torch.no_grad():
-        for name, value in master.perturbed(member, sigma):
+        for name, value in master.perturbed(member):
             parameters[name].copy_(value)
     return explicit
 
@@ -88,7 +82,7 @@ def test_member_logits_in_a_population_batch_equal_explicitly_perturbed_weights(
     input_ids = torch.randint(3, len(tokenizer), (rows_per_member, 6))
     with torch.no_grad():
         base = model(input_ids).logits
-        with lowrank_population(model, master, MEMBERS, SIGMA, rows_per_member):
+        with lowrank_population(model, master, MEMBERS, rows_per_member):
             batched = model(input_ids.repeat(len(MEMBERS), 1)).logits
         for index, member in enumerate(MEMBERS):
             expected = _explicit_member(model, master, member)(input_ids).logits
@@ -102,7 +96,7 @@ def test_frozen_other_parameters_are_neither_perturbed_nor_updated(tokenizer):
     master = _master(model, "frozen")
     norm = "model.layers.0.input_layernorm.weight"
     before = master.tensors[norm].clone()
-    assert torch.equal(dict(master.perturbed(Member(1), SIGMA))[norm], before)
+    assert torch.equal(dict(master.perturbed(Member(1)))[norm], before)
     master.apply_update({1: 0.5}, lr=0.1, weight_decay=0.1)
     assert torch.equal(master.tensors[norm], before)
 
@@ -123,7 +117,7 @@ def test_batched_population_generates_what_each_member_generates_alone(tokenizer
         ids = model.generate(**batch, do_sample=False, max_new_tokens=8, logits_processor=processors)
         return ids[:, batch["input_ids"].shape[1] :]
 
-    with torch.no_grad(), lowrank_population(model, master, members, SIGMA, rows_per_member=len(prompts)):
+    with torch.no_grad(), lowrank_population(model, master, members, rows_per_member=len(prompts)):
         batched = generate(model, len(prompts), len(members))
     alone = [generate(_explicit_member(model, master, member), len(prompts), 1) for member in members]
     for index, expected in enumerate(alone):
@@ -146,7 +140,7 @@ def test_update_direction_is_the_explicit_sum_of_member_noise(tokenizer, other_p
     members = population(base_seed=1, step=3, population_size=6, antithetic=True)
     shaped = torch.tensor([1.0, -0.5, 0.25, 0.25, -1.0, 2.0])
     coefficients = update_coefficients(members, shaped)  # antithetic pairs merged by seed
-    full_rank = MasterWeights({name: t for name, t in master.tensors.items()})
+    full_rank = MasterWeights({name: t for name, t in master.tensors.items()}, SIGMA)
     for name, tensor in master.tensors.items():
         direction = master.update_direction(name, coefficients)
         if name in master.lowrank_names:
@@ -172,10 +166,10 @@ def test_base_weights_are_bitwise_unchanged_after_the_population_also_after_an_e
     before = {name: param.detach().clone() for name, param in model.state_dict().items()}
     input_ids = torch.randint(3, len(tokenizer), (2, 5))
     base = model(input_ids).logits.detach()
-    with torch.no_grad(), lowrank_population(model, master, MEMBERS, SIGMA, rows_per_member=1):
+    with torch.no_grad(), lowrank_population(model, master, MEMBERS, rows_per_member=1):
         model(input_ids.repeat(3, 1)[:3])
     with pytest.raises(RuntimeError, match="reward crashed"):
-        with torch.no_grad(), lowrank_population(model, master, MEMBERS, SIGMA, rows_per_member=1):
+        with torch.no_grad(), lowrank_population(model, master, MEMBERS, rows_per_member=1):
             model(input_ids.repeat(3, 1)[:3])
             raise RuntimeError("reward crashed")
     after = model.state_dict()
@@ -187,7 +181,7 @@ def test_base_weights_are_bitwise_unchanged_after_the_population_also_after_an_e
 def test_a_batch_that_is_not_whole_members_is_refused(tokenizer):
     model = _model(tokenizer)
     master = _master(model)
-    with lowrank_population(model, master, MEMBERS, SIGMA, rows_per_member=2):
+    with lowrank_population(model, master, MEMBERS, rows_per_member=2):
         with pytest.raises(ValueError, match="3 members x 2 rows per member = 6 rows"):
             model(torch.randint(3, len(tokenizer), (4, 5)))
 
@@ -197,7 +191,7 @@ def test_population_follows_a_model_cast_to_bf16_inside_the_context(tokenizer):
     model = _model(tokenizer)
     master = _master(model)
     input_ids = torch.randint(3, len(tokenizer), (1, 5)).repeat(len(MEMBERS), 1)
-    with torch.no_grad(), lowrank_population(model, master, MEMBERS, SIGMA, rows_per_member=1):
+    with torch.no_grad(), lowrank_population(model, master, MEMBERS, rows_per_member=1):
         expected = model(input_ids).logits
         model.to(torch.bfloat16)
         logits = model(input_ids).logits

@@ -8,10 +8,10 @@ import torch
 from scripts.fast_es import MOVING
 
 from trl_es import ESTrainer
-from trl_es.fitness import shape_fitness
-from trl_es.lowrank import lowrank_noise
-from trl_es.noise import parameter_noise, population
-from trl_es.toy_task import digit_fraction, digit_prompts
+from trl_es.core.fitness import shape_fitness
+from trl_es.core.lowrank import lowrank_noise
+from trl_es.core.noise import parameter_noise, population
+from trl_es.testing import digit_fraction, digit_prompts
 
 LOWRANK = dict(perturbation="lowrank", lowrank_rank=2)
 
@@ -35,8 +35,8 @@ def test_the_whole_population_in_one_call_scores_like_one_member_per_call(peaked
     one_by_one = _train(peaked_model_path, make_config(**settings, population_batch_size=1))
     assert _fitness_log(together) == _fitness_log(one_by_one)
     assert any(std > 0 for _, std, _, _ in _fitness_log(together))  # the members really differed
-    for name, master in together._master.tensors.items():
-        assert torch.allclose(master, one_by_one._master.tensors[name], atol=1e-6), name
+    for name, master in together.population.master.tensors.items():
+        assert torch.allclose(master, one_by_one.population.master.tensors[name], atol=1e-6), name
 
 
 def test_one_step_applies_the_full_rank_sum_of_the_members_lowrank_terms(peaked_model_path, make_config):
@@ -57,7 +57,7 @@ def test_one_step_applies_the_full_rank_sum_of_the_members_lowrank_terms(peaked_
     fitness = torch.tensor(rewards_seen).view(4, -1).mean(dim=1)  # one batched call, rows member-major
     z = shape_fitness(fitness, "zscore")
     assert z.abs().sum() > 0, "the members must differ for this test to check anything"
-    master = trainer._master
+    master = trainer.population.master
     assert "lm_head.weight" in master.lowrank_names and "model.norm.weight" not in master.lowrank_names
     for name, param in trainer.model.named_parameters():
         if name in master.lowrank_names:
@@ -74,7 +74,7 @@ def test_frozen_other_parameters_stay_bitwise_unchanged(peaked_model_path, make_
                       train_dataset=digit_prompts(8)).model  # fmt: skip
     start_weights = dict(start.named_parameters())
     for name, param in trainer.model.named_parameters():
-        if name in trainer._master.lowrank_names:
+        if name in trainer.population.master.lowrank_names:
             assert not torch.equal(param, start_weights[name]), name
         else:
             assert torch.equal(param, start_weights[name]), name
@@ -87,8 +87,8 @@ def test_a_lowrank_run_resumes_bit_for_bit(peaked_model_path, make_config):
         model=peaked_model_path, reward_funcs=digit_fraction, args=config, train_dataset=digit_prompts(8)
     )
     resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / "checkpoint-2"))
-    for name, master in uninterrupted._master.tensors.items():
-        assert torch.equal(master, resumed._master.tensors[name]), name
+    for name, master in uninterrupted.population.master.tensors.items():
+        assert torch.equal(master, resumed.population.master.tensors[name]), name
 
 
 @pytest.mark.slow

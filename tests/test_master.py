@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from trl_es.master import MasterWeights
-from trl_es.noise import Member, parameter_noise
+from trl_es.core.master import MasterWeights
+from trl_es.core.noise import Member, parameter_noise
 
 
 def _parameters(dtype=torch.float32):
@@ -11,15 +11,15 @@ def _parameters(dtype=torch.float32):
 
 
 def test_member_is_master_plus_signed_scaled_noise():
-    master = MasterWeights(_parameters())
-    perturbed = dict(master.perturbed(Member(5, sign=-1), sigma=0.1))
+    master = MasterWeights(_parameters(), sigma=0.1)
+    perturbed = dict(master.perturbed(Member(5, sign=-1)))
     expected = master.tensors["a.weight"] - 0.1 * parameter_noise(5, "a.weight", (8, 4))
     assert torch.allclose(perturbed["a.weight"], expected)
 
 
 def test_update_is_lr_times_weighted_noise_sum_in_float32():
     params = _parameters(torch.bfloat16)
-    master = MasterWeights(params)
+    master = MasterWeights(params, sigma=0.1)
     start = {name: t.clone() for name, t in master.tensors.items()}
     coefficients = {1: 0.5, 2: -0.25}
     norm = master.apply_update(coefficients, lr=1e-3)
@@ -34,7 +34,7 @@ def test_update_is_lr_times_weighted_noise_sum_in_float32():
 
 def test_small_update_survives_in_the_float32_master_though_bf16_would_lose_it():
     params = {"w": torch.ones(1000, dtype=torch.bfloat16)}
-    master = MasterWeights(params)
+    master = MasterWeights(params, sigma=0.1)
     master.apply_update({3: 1.0}, lr=5e-4)
     changed_in_master = (master.tensors["w"] != 1.0).float().mean()
     changed_in_bf16 = (master.tensors["w"].to(torch.bfloat16) != 1.0).float().mean()
@@ -43,27 +43,27 @@ def test_small_update_survives_in_the_float32_master_though_bf16_would_lose_it()
 
 
 def test_weight_decay_is_decoupled():
-    master = MasterWeights({"w": torch.full((3,), 2.0)})
+    master = MasterWeights({"w": torch.full((3,), 2.0)}, sigma=0.1)
     master.apply_update({}, lr=0.1, weight_decay=0.5)
     assert torch.allclose(master.tensors["w"], torch.full((3,), 2.0 * (1 - 0.1 * 0.5)))
 
 
 def test_zero_coefficients_leave_the_master_bitwise_unchanged():
-    master = MasterWeights(_parameters())
+    master = MasterWeights(_parameters(), sigma=0.1)
     before = {name: t.clone() for name, t in master.tensors.items()}
     assert master.apply_update({1: 0.0, 2: 0.0}, lr=1e-3) == 0.0
     assert all(torch.equal(master.tensors[n], before[n]) for n in before)
 
 
 def test_relative_distance():
-    master = MasterWeights({"w": torch.tensor([3.0, 4.0])})
+    master = MasterWeights({"w": torch.tensor([3.0, 4.0])}, sigma=0.1)
     assert master.relative_distance({"w": torch.tensor([3.0, 4.0])}) == 0.0
     assert abs(master.relative_distance({"w": torch.tensor([0.0, 4.0])}) - 3 / 4) < 1e-9
 
 
 def test_a_shared_master_updates_float32_parameters_in_place_and_copies_the_others():
     parameters = {"w": torch.randn(4, 3), "b": torch.randn(3).to(torch.bfloat16)}
-    master = MasterWeights(parameters, share_float32=True)
+    master = MasterWeights(parameters, sigma=0.1, share_float32=True)
     assert master.tensors["w"].data_ptr() == parameters["w"].data_ptr()  # no second float32 copy
     assert master.tensors["b"].dtype == torch.float32 and master.tensors["b"].data_ptr() != parameters["b"].data_ptr()
     before = parameters["w"].clone()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trl_es.metrics import bernoulli_entropy, js_diversity, maj_at_k, pass_at_k
+from trl_es.evaluation.metrics import bernoulli_entropy, js_diversity, maj_at_k, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -79,19 +79,19 @@ def test_bernoulli_entropy_rejects_non_probabilities():
 
 
 def test_the_population_diversity_of_a_step_reads_consecutive_completions_as_one_prompt():
-    from trl_es.es_trainer import _population_diversity
+    from trl_es.evaluation.metrics import population_diversity
 
     # 2 members x (2 prompts x 2 completions): they split on the first prompt and agree on the second
     rewards = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
-    assert _population_diversity(rewards, num_generations=2, success_threshold=0.0) == pytest.approx((1.0 + 0.0) / 2)
-    assert _population_diversity(rewards, num_generations=2, success_threshold=1.0) == 0.0  # nothing is above 1
+    assert population_diversity(rewards, num_generations=2, success_threshold=0.0) == pytest.approx((1.0 + 0.0) / 2)
+    assert population_diversity(rewards, num_generations=2, success_threshold=1.0) == 0.0  # nothing is above 1
 
 
 @pytest.mark.slow
 def test_es_logs_js_diversity_when_members_sample_several_completions(make_config, tmp_path):
     from trl_es import ESTrainer
-    from trl_es.arithmetic import arithmetic_dataset, arithmetic_reward
-    from trl_es.demo import DEMO_MODEL
+    from trl_es.demo.run import DEMO_MODEL
+    from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward
 
     config = make_config(num_generations=2, temperature=1.0, sigma=0.05, max_completion_length=4)
     trainer = ESTrainer(

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trl_es.noise import Member, derive_seed, parameter_noise, population, sampling_seed
+from trl_es.core.noise import Member, derive_seed, parameter_noise, population, sampling_seed
 
 
 def test_noise_is_a_pure_function_of_seed_name_and_shape():

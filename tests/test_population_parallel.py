@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trl_es.distributed import check_population_divides, members_of_this_process
-from trl_es.noise import population
+from trl_es.core.distributed import check_population_divides, members_of_this_process
+from trl_es.core.noise import population
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_population.py"
 

@@ -1,4 +1,4 @@
-from trl_es.sampler import EpochSeededRepeatSampler
+from trl_es.trainer.sampler import EpochSeededRepeatSampler
 
 
 def make_sampler():

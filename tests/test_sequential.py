@@ -14,8 +14,8 @@ from trl import GRPOTrainer
 
 from trl_es import ESTrainer
 from trl_es.backends.vllm_colocate import release_vllm_engine
-from trl_es.sequential import SequentialTrainer, Stage
-from trl_es.toy_task import digit_fraction, digit_prompts
+from trl_es.sequential.trainer import SequentialTrainer, Stage
+from trl_es.testing import digit_fraction, digit_prompts
 
 
 class RecordStartWeights(TrainerCallback):

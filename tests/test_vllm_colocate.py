@@ -13,11 +13,11 @@ from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.vllm_colocate import release_vllm_engine  # noqa: E402
-from trl_es.consistency import layout_free_stats, stats_agree  # noqa: E402
-from trl_es.evaluation import BackendSampler  # noqa: E402
-from trl_es.noise import Member  # noqa: E402
-from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
-from trl_es.trainer_evaluation import sampler_for  # noqa: E402
+from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
+from trl_es.core.noise import Member  # noqa: E402
+from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
+from trl_es.evaluation.trainer_coverage import sampler_for  # noqa: E402
+from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -37,7 +37,7 @@ def colocate_run(tmp_path_factory, tiny_model_path):
 
 
 def engine_generate(trainer, prompt_ids, **sampling):
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     params = vllm.SamplingParams(max_tokens=8, **sampling)
     prompts = [{"prompt_token_ids": ids, "cache_salt": backend.weights_tag} for ids in prompt_ids]
     return backend.llm.generate(prompts, params, use_tqdm=False)
@@ -60,7 +60,7 @@ def test_es_trains_with_colocated_vllm(colocate_run):
 
 def test_engine_holds_the_trained_centre(colocate_run):
     trainer, _ = colocate_run
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     engine = layout_free_stats(p for _, p in backend.engine_model.named_parameters())
     expected = layout_free_stats((p for _, p in trainer.model.named_parameters()), dtype=backend.dtype)
     assert stats_agree(engine, expected)
@@ -84,36 +84,38 @@ def test_greedy_engine_log_probabilities_match_the_hugging_face_model(colocate_r
 def test_a_member_changes_the_engine_output_and_the_centre_comes_back_exactly(colocate_run):
     # Fails if vLLM-CPU's Linear repacking swallowed the perturbation (the work-around in backends/vllm_cpu.py).
     trainer, _ = colocate_run
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     prompts = probe_prompts(trainer)
-    centre = backend.generate(prompts, seed=11)
+    centre = backend.generate_center(prompts, trainer.sampling, 11)
     backend.load_member(Member(seed=123, sign=1))
-    perturbed = backend.generate(prompts, seed=11)
+    perturbed = backend.generate_center(prompts, trainer.sampling, 11)
     backend.load_center()
     assert perturbed != centre
-    assert backend.generate(prompts, seed=11) == centre
+    assert backend.generate_center(prompts, trainer.sampling, 11) == centre
 
 
 def test_a_member_never_reuses_kv_blocks_computed_with_other_weights(colocate_run):
     trainer, _ = colocate_run
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     prompts = probe_prompts(trainer, words=12)
     assert len(prompts[0]) > 256  # spans several KV blocks, which is what the prefix cache reuses
     backend.load_member(Member(seed=1, sign=1))
-    backend.generate(prompts, seed=11)  # fills the prefix cache under member 1's weights
+    backend.generate_center(prompts, trainer.sampling, 11)  # fills the prefix cache under member 1's weights
     backend.load_member(Member(seed=2, sign=1))
-    member_two = backend.generate(prompts, seed=11)
+    member_two = backend.generate_center(prompts, trainer.sampling, 11)
     backend.llm.reset_prefix_cache()
-    assert backend.generate(prompts, seed=11) == member_two  # as computed from scratch with member 2's weights
+    # as computed from scratch with member 2's weights:
+    assert backend.generate_center(prompts, trainer.sampling, 11) == member_two
     backend.load_center()
 
 
 def test_members_sampling_rows_share_seeds_across_members_but_not_across_rows(colocate_run):
     trainer, _ = colocate_run
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     prompt = probe_prompts(trainer, count=1)[0]
-    first = backend.generate([prompt, prompt], seed=7)
-    assert first == backend.generate([prompt, prompt], seed=7)  # same seed, same weights: same samples
+    first = backend.generate_center([prompt, prompt], trainer.sampling, 7)
+    # same seed, same weights: same samples
+    assert first == backend.generate_center([prompt, prompt], trainer.sampling, 7)
     assert first[0] != first[1]  # the two completions of one prompt are different samples
 
 
@@ -121,18 +123,18 @@ def test_evaluate_generates_with_the_engine_at_the_centre(colocate_run):
     trainer, _ = colocate_run
     metrics = trainer.evaluate(eval_dataset=digit_prompts(8, offset=100))
     assert 0 <= metrics["eval_reward"] <= 1 and metrics["eval_completions/mean_length"] > 0
-    _, backend = trainer._population_state()
-    backend.check_consistency(trainer.model, step=trainer.state.global_step)  # still the centre
+    backend = trainer.population.backend
+    backend.check_consistency(step=trainer.state.global_step)  # still the centre
 
 
 def test_coverage_is_sampled_by_the_engine_at_the_centre_and_leaves_training_sampling_alone(colocate_run):
     trainer, _ = colocate_run
     sampler = sampler_for(trainer)
     assert isinstance(sampler, BackendSampler)
-    training_sampling = sampler.backend.sampling
+    training_sampling = trainer.sampling
     prompts = probe_prompts(trainer, count=4)
     sampled = sampler.sample(prompts, 3, 1.0, 8, seed=5)
-    assert sampler.backend.sampling is training_sampling
+    assert trainer.sampling is training_sampling and sampler.sampling == training_sampling
     assert sampled == sampler.sample(prompts, 3, 1.0, 8, seed=5)  # seeded
     assert all(len(row) == 3 for row in sampled) and any(len(set(map(tuple, row))) > 1 for row in sampled)
     greedy = [row[0] for row in sampler.sample(prompts, 1, 0.0, 8, seed=5)]
@@ -148,5 +150,5 @@ def test_eval_ks_measures_coverage_through_the_engine(colocate_run):
         trainer.args.eval_ks = None
     assert 0 <= metrics["eval_pass@1"] <= metrics["eval_pass@2"] <= 1 and metrics["eval_entropy"] > 0
     assert "eval_maj@1" not in metrics  # no answer extractor
-    _, backend = trainer._population_state()
-    backend.check_consistency(trainer.model, step=trainer.state.global_step)  # still the centre
+    backend = trainer.population.backend
+    backend.check_consistency(step=trainer.state.global_step)  # still the centre

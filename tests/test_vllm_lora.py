@@ -19,11 +19,12 @@ from trl_es.backends.vllm_cpu import keep_plain_linear_weights_on_cpu  # noqa: E
 from trl_es.backends.vllm_lora import (  # noqa: E402
     VLLMLoRAPopulationBackend,
     check_lora_population,
-    lora_enabled_llm,
     lora_target_parameters,
+    vllm_lora_rank,
 )
-from trl_es.lowrank import LowRankMasterWeights  # noqa: E402
-from trl_es.noise import Member  # noqa: E402
+from trl_es.core.lowrank import LowRankMasterWeights  # noqa: E402
+from trl_es.core.noise import Member  # noqa: E402
+from trl_es.trl_compat import lora_enabled_llm  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -49,14 +50,20 @@ def engine(peaked_model_path):
     llm.llm_engine.engine_core.shutdown()  # now, so that a later test module can start an engine of its own
 
 
-def make_backend(engine, tmp_path, sampling=GREEDY):
+def make_backend(engine, tmp_path):
     llm, model, _ = engine
     params = dict(model.named_parameters())
     targets = {name: params[name] for name in lora_target_parameters(model)}
-    master = LowRankMasterWeights(targets, set(targets), RANK, other_parameters="frozen")
-    backend = VLLMLoRAPopulationBackend(llm, master, SIGMA, sampling, adapter_dir=tmp_path)
+    master = LowRankMasterWeights(targets, SIGMA, set(targets), RANK, other_parameters="frozen")
+    backend = VLLMLoRAPopulationBackend(llm, master, adapter_dir=tmp_path, reference_model=model)
     backend.load_center()  # a test before may have left other weights in the engine
     return backend
+
+
+def generate_population(backend, prompts, members, seed, sampling=GREEDY):
+    """Every member's completions in one `generate`, member-major in one list: row `i * len(prompts) + j` is member
+    `i`'s completion of prompt `j`."""
+    return [row for rows in backend.generate(members, prompts, sampling, seed) for row in rows]
 
 
 def probe_prompts(engine, count=3):
@@ -106,22 +113,23 @@ def test_a_members_adapter_generates_like_its_weights_written_into_the_engine(en
     prompts = probe_prompts(engine)
     member = Member(seed=123, sign=-1)
     tokens = assert_adapter_matches_explicit_weights(backend, member, prompts)
-    assert tokens != backend.generate(prompts, seed=None)  # the perturbation shows: the comparison means something
-    assert backend.generate_population(prompts, [member], seed=None) == tokens
+    # the perturbation shows, so the comparison means something:
+    assert tokens != backend.generate_center(prompts, GREEDY, None)
+    assert generate_population(backend, prompts, [member], None) == tokens
     assert not any(backend.adapter_dir.iterdir())  # the adapter files are gone after the call
-    backend.check_consistency(engine[1], step=0)  # the base weights stayed the centre (the LoRA layers wrap them)
+    backend.check_consistency(step=0)  # the base weights stayed the centre (the LoRA layers wrap them)
 
 
 def test_one_population_call_equals_each_member_generated_alone(engine, tmp_path):
-    backend = make_backend(engine, tmp_path, sampling=SAMPLED)
+    backend = make_backend(engine, tmp_path)
     prompts = probe_prompts(engine)
     members = [Member(7, 1), Member(7, -1), Member(8, 1), Member(9, 1)]  # an antithetic pair, two others
-    backend.generate_population(prompts, members, seed=5)  # warm-up: the first call with all slots in use is slow
+    generate_population(backend, prompts, members, 5, SAMPLED)  # warm-up: the first call with all slots in use is slow
     started = time.perf_counter()
-    population = backend.generate_population(prompts, members, seed=5)
+    population = generate_population(backend, prompts, members, 5, SAMPLED)
     one_call = time.perf_counter() - started
     started = time.perf_counter()
-    alone = [row for member in members for row in backend.generate_population(prompts, [member], seed=5)]
+    alone = [row for member in members for row in generate_population(backend, prompts, [member], 5, SAMPLED)]
     print(f"\n{len(members)} members x {len(prompts)} prompts: one call {one_call:.2f}s, one member at a time "
           f"{time.perf_counter() - started:.2f}s")  # fmt: skip
     assert population == alone
@@ -133,8 +141,8 @@ def test_a_population_larger_than_max_loras_is_generated_in_chunks(engine, tmp_p
     backend = make_backend(engine, tmp_path)
     prompts = probe_prompts(engine, count=1)
     members = [Member(seed) for seed in range(MAX_LORAS + 2)]
-    population = backend.generate_population(prompts, members, seed=None)
-    assert population == [row for member in members for row in backend.generate_population(prompts, [member], None)]
+    population = generate_population(backend, prompts, members, None)
+    assert population == [row for member in members for row in generate_population(backend, prompts, [member], None)]
 
 
 def test_after_an_update_adapters_get_new_ids_and_follow_the_new_centre(engine, tmp_path):
@@ -143,8 +151,8 @@ def test_after_an_update_adapters_get_new_ids_and_follow_the_new_centre(engine, 
     member = Member(seed=123)
     with backend.member_adapters([member]) as (before,):
         pass
-    centre_before = backend.generate(prompts, seed=None)
-    member_before = backend.generate_population(prompts, [member], seed=None)
+    centre_before = backend.generate_center(prompts, GREEDY, None)
+    member_before = generate_population(backend, prompts, [member], None)
 
     backend.master.apply_update({11: 1.0, 12: -1.0}, lr=0.5)
     backend.load_center()
@@ -152,10 +160,10 @@ def test_after_an_update_adapters_get_new_ids_and_follow_the_new_centre(engine, 
     with backend.member_adapters([member]) as (after,):
         pass
     assert after.lora_int_id > before.lora_int_id and after.lora_name != before.lora_name
-    assert backend.generate(prompts, seed=None) != centre_before  # the update moved the base
+    assert backend.generate_center(prompts, GREEDY, None) != centre_before  # the update moved the base
     member_after = assert_adapter_matches_explicit_weights(backend, member, prompts)
     assert member_after != member_before
-    assert backend.generate_population(prompts, [member], seed=None) == member_after
+    assert generate_population(backend, prompts, [member], None) == member_after
 
 
 def test_only_decoder_linear_weights_may_evolve(engine):
@@ -166,15 +174,17 @@ def test_only_decoder_linear_weights_may_evolve(engine):
 
     everything = dict(model.named_parameters())
     with pytest.raises(ValueError) as refused:
-        check_lora_population(LowRankMasterWeights.from_model(model, everything, RANK))
+        check_lora_population(LowRankMasterWeights.from_model(model, everything, SIGMA, RANK))
     message = str(refused.value)
     for name in ("model.embed_tokens.weight", "model.layers.*.input_layernorm.weight", "model.norm.weight"):
         assert name in message
     assert "requires_grad=False" in message
     with pytest.raises(ValueError, match="lm_head.weight"):  # low-rank, but not a weight vLLM's LoRA can target
-        check_lora_population(LowRankMasterWeights.from_model(model, everything, RANK, other_parameters="frozen"))
+        check_lora_population(
+            LowRankMasterWeights.from_model(model, everything, SIGMA, RANK, other_parameters="frozen")
+        )
 
-    check_lora_population(LowRankMasterWeights.from_model(model, {n: everything[n] for n in targets}, RANK))
+    check_lora_population(LowRankMasterWeights.from_model(model, {n: everything[n] for n in targets}, SIGMA, RANK))
 
 
 def test_lora_enabled_llm_adds_lora_to_trl_engine_creation_and_restores_it(monkeypatch):
@@ -183,7 +193,7 @@ def test_lora_enabled_llm_adds_lora_to_trl_engine_creation_and_restores_it(monke
     created = []
     monkeypatch.setattr(vllm_generation, "LLM", lambda *args, **kwargs: created.append(kwargs))
     original = vllm_generation.LLM
-    with lora_enabled_llm(max_lora_rank=4, max_loras=30):
+    with lora_enabled_llm(max_lora_rank=vllm_lora_rank(4), max_loras=30):
         vllm_generation.LLM(model="tiny", max_num_seqs=64)
     assert created == [{"model": "tiny", "max_num_seqs": 64, "enable_lora": True, "max_lora_rank": 8, "max_loras": 30}]
     assert vllm_generation.LLM is original
@@ -193,6 +203,6 @@ def test_the_backend_refuses_a_master_whose_rank_exceeds_the_engines(engine, tmp
     llm, model, _ = engine
     params = dict(model.named_parameters())
     targets = {name: params[name] for name in lora_target_parameters(model)}
-    master = LowRankMasterWeights(targets, set(targets), rank=16)
+    master = LowRankMasterWeights(targets, SIGMA, set(targets), rank=16)
     with pytest.raises(ValueError, match="max_lora_rank=16"):
-        VLLMLoRAPopulationBackend(llm, master, SIGMA, GREEDY, adapter_dir=tmp_path)
+        VLLMLoRAPopulationBackend(llm, master, adapter_dir=tmp_path)

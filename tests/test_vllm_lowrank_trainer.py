@@ -10,10 +10,10 @@ from scripts.fast_es import fast_es_config  # noqa: E402
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.vllm_colocate import release_vllm_engine  # noqa: E402
 from trl_es.backends.vllm_lora import VLLMLoRAPopulationBackend  # noqa: E402
-from trl_es.fitness import shape_fitness  # noqa: E402
-from trl_es.lowrank import lowrank_noise  # noqa: E402
-from trl_es.noise import population  # noqa: E402
-from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
+from trl_es.core.fitness import shape_fitness  # noqa: E402
+from trl_es.core.lowrank import lowrank_noise  # noqa: E402
+from trl_es.core.noise import population  # noqa: E402
+from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -36,13 +36,13 @@ def test_one_step_evaluates_every_member_as_an_adapter_and_applies_their_lowrank
     try:
         before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
         trainer.train()  # checks after the step that the engine's base weights are the trainer's centre
-        _, backend = trainer._population_state()
+        backend = trainer.population.backend
         assert isinstance(backend, VLLMLoRAPopulationBackend)
         assert len(rewards_seen) == 4 * 8  # one generation call: every member's rows, scored together
         members = population(config.seed, step=0, population_size=4)
         z = shape_fitness(torch.tensor(rewards_seen).view(4, -1).mean(dim=1), "zscore")
         assert z.abs().sum() > 0, "the members must differ for this test to check anything"
-        targets = trainer._master.lowrank_names
+        targets = trainer.population.master.lowrank_names
         assert targets and all(name.endswith("proj.weight") for name in targets)
         for name, param in trainer.model.named_parameters():
             if name not in targets:  # embeddings, lm_head, norms, biases: LoRA adapters do not perturb them

@@ -16,11 +16,11 @@ from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.vllm_server import VLLMServerError  # noqa: E402
-from trl_es.consistency import master_digest  # noqa: E402
-from trl_es.evaluation import BackendSampler  # noqa: E402
-from trl_es.toy_task import digit_fraction, digit_prompts  # noqa: E402
-from trl_es.trainer_evaluation import sampler_for  # noqa: E402
-from trl_es.vllm_serve import WORKER_EXTENSION, server_command  # noqa: E402
+from trl_es.cli.vllm_serve import WORKER_EXTENSION, server_command  # noqa: E402
+from trl_es.core.consistency import master_digest  # noqa: E402
+from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
+from trl_es.evaluation.trainer_coverage import sampler_for  # noqa: E402
+from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -59,7 +59,16 @@ def stop_server(process):
 
 @pytest.fixture(scope="module")
 def server_port(tiny_model_path, tmp_path_factory):
-    command = [sys.executable, "-m", "trl_es.cli", "vllm-serve", "--model", tiny_model_path, "--max_model_len", "256"]
+    command = [
+        sys.executable,
+        "-m",
+        "trl_es.cli.main",
+        "vllm-serve",
+        "--model",
+        tiny_model_path,
+        "--max_model_len",
+        "256",
+    ]
     process, port = start_server(command, tmp_path_factory.mktemp("server") / "server.log")
     yield port
     stop_server(process)
@@ -80,10 +89,10 @@ def test_es_trains_against_the_server_and_both_masters_end_identical(tmp_path, t
     trainer.train()
     assert trainer.state.global_step == 3
     assert all(h["es/fitness/std"] > 0 for h in trainer.state.log_history if "reward" in h)
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     [report] = backend._rpc("es_checksum", backend.run_id)
-    assert report["master_digest"] == master_digest(trainer._master.tensors)
-    assert master_digest(trainer._master.tensors) != master_digest(trainer._reference)  # the run moved
+    assert report["master_digest"] == master_digest(trainer.population.master.tensors)
+    assert master_digest(trainer.population.master.tensors) != master_digest(trainer._reference)  # the run moved
 
 
 def test_an_unreachable_server_is_a_clear_error(tmp_path, tiny_model_path):
@@ -99,7 +108,7 @@ def test_a_server_taken_over_by_another_run_is_a_clear_error(tmp_path, tiny_mode
     first.train()
     second = make_trainer(tiny_model_path, server_config(tmp_path, server_port, max_steps=1))
     second.train()  # starts its own run in the server, as a restarted server would have no run at all
-    _, backend = first._population_state()
+    backend = first.population.backend
     with pytest.raises(VLLMServerError, match="lost this run's weights"):
         backend.load_center()
 
@@ -111,7 +120,7 @@ def test_a_server_with_other_weights_is_refused_at_start(tmp_path, peaked_model_
 
 
 def test_server_command_binds_locally_in_dev_mode_with_the_extension():
-    from trl_es.cli import build_parser
+    from trl_es.cli.main import build_parser
 
     args = build_parser().parse_args(["vllm-serve", "--model", "some/model", "--", "--enforce-eager"])
     command, environment = server_command(args)
@@ -138,14 +147,14 @@ def test_a_plain_vllm_server_without_the_extension_is_refused(tmp_path, tiny_mod
 def test_a_run_resumed_against_the_server_ends_like_an_uninterrupted_one(tmp_path, tiny_model_path, server_port):
     uninterrupted = make_trainer(tiny_model_path, server_config(tmp_path / "a", server_port))
     uninterrupted.train()
-    expected = master_digest(uninterrupted._master.tensors)
+    expected = master_digest(uninterrupted.population.master.tensors)
 
     config = server_config(tmp_path / "b", server_port, save_strategy="steps", save_steps=2)
     make_trainer(tiny_model_path, config).train()  # writes checkpoint-2 (and the final checkpoint-3)
     resumed = make_trainer(tiny_model_path, config)
     resumed.train(resume_from_checkpoint=f"{config.output_dir}/checkpoint-2")  # the server rebuilds from it
-    assert master_digest(resumed._master.tensors) == expected
-    _, backend = resumed._population_state()
+    assert master_digest(resumed.population.master.tensors) == expected
+    backend = resumed.population.backend
     assert backend._rpc("es_checksum", backend.run_id)[0]["master_digest"] == expected
 
 
@@ -159,6 +168,6 @@ def test_eval_ks_measures_the_centre_through_the_server(tmp_path, tiny_model_pat
     assert sampler.sample(prompts, 2, 1.0, 6, seed=3) == sampler.sample(prompts, 2, 1.0, 6, seed=3)
     metrics = trainer.evaluate(eval_dataset=digit_prompts(4, offset=300))
     assert 0 <= metrics["eval_pass@1"] <= metrics["eval_pass@2"] <= 1 and metrics["eval_entropy"] > 0
-    _, backend = trainer._population_state()
+    backend = trainer.population.backend
     [report] = backend._rpc("es_checksum", backend.run_id)
-    assert report["master_digest"] == master_digest(trainer._master.tensors)  # evaluation changed no weights
+    assert report["master_digest"] == master_digest(trainer.population.master.tensors)  # evaluation changed no weights

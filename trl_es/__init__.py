@@ -1,8 +1,63 @@
-"""trl-es: Evolution Strategies post-training for LLMs, as a drop-in for TRL's GRPOTrainer."""
+"""trl-es: Evolution Strategies post-training for LLMs, as a drop-in for TRL's GRPOTrainer.
 
-from .es_config import ESConfig
-from .es_trainer import ESTrainer
+The public names are importable from here, as TRL's are (`from trl_es import ESConfig, ESTrainer`); each is imported
+on first use, so `import trl_es` stays cheap (no TRL, transformers or vLLM import until a name is needed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["ESConfig", "ESTrainer", "__version__"]
+# public name -> the module that defines it
+_EXPORTS = {
+    "ESConfig": "trl_es.trainer.es_config",
+    "ESTrainer": "trl_es.trainer.es_trainer",
+    "SequentialTrainer": "trl_es.sequential.trainer",
+    "Stage": "trl_es.sequential.trainer",
+    "CoverageEvalCallback": "trl_es.evaluation.callbacks",
+    "CoverageReport": "trl_es.evaluation.coverage",
+    "coverage_report": "trl_es.evaluation.coverage",
+    "pass_at_k": "trl_es.evaluation.metrics",
+    "maj_at_k": "trl_es.evaluation.metrics",
+    "js_diversity": "trl_es.evaluation.metrics",
+    "PopulationBackend": "trl_es.backends.base",
+}
+
+__all__ = [
+    "CoverageEvalCallback",
+    "CoverageReport",
+    "ESConfig",
+    "ESTrainer",
+    "PopulationBackend",
+    "SequentialTrainer",
+    "Stage",
+    "__version__",
+    "coverage_report",
+    "js_diversity",
+    "maj_at_k",
+    "pass_at_k",
+]
+
+if TYPE_CHECKING:
+    from .backends.base import PopulationBackend
+    from .evaluation.callbacks import CoverageEvalCallback
+    from .evaluation.coverage import CoverageReport, coverage_report
+    from .evaluation.metrics import js_diversity, maj_at_k, pass_at_k
+    from .sequential.trainer import SequentialTrainer, Stage
+    from .trainer.es_config import ESConfig
+    from .trainer.es_trainer import ESTrainer
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trl_es' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback
 
 from trl_es import ESTrainer
-from trl_es.toy_task import digit_fraction, digit_prompts
+from trl_es.testing import digit_fraction, digit_prompts
 
 
 class CorruptRank(TrainerCallback):
@@ -27,7 +27,7 @@ class CorruptRank(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 1 and self.trainer.accelerator.process_index == self.rank:
-            next(iter(self.trainer._master.tensors.values())).view(-1)[0] += 1e-3
+            next(iter(self.trainer.population.master.tensors.values())).view(-1)[0] += 1e-3
 
 
 def main():
@@ -55,7 +55,7 @@ def main():
     if trainer.accelerator.is_main_process:
         weights = {name: p.detach().contiguous() for name, p in trainer.model.named_parameters()}
         save_file(weights, f"{cli.output_dir}/final.safetensors")
-        master = {name: t.contiguous() for name, t in trainer._master.tensors.items()}
+        master = {name: t.contiguous() for name, t in trainer.population.master.tensors.items()}
         save_file(master, f"{cli.output_dir}/master.safetensors")
         torch.save([h.get("reward") for h in trainer.state.log_history], f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))

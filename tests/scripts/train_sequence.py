@@ -12,8 +12,8 @@ import os
 from accelerate import PartialState
 from fast_es import MOVING, fast_es_config, fast_grpo_config
 
-from trl_es.sequential import SequentialTrainer
-from trl_es.toy_task import digit_fraction, digit_prompts
+from trl_es.sequential.trainer import SequentialTrainer
+from trl_es.testing import digit_fraction, digit_prompts
 
 
 def main():

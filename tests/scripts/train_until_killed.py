@@ -10,7 +10,7 @@ import signal
 from fast_es import MOVING, fast_es_config
 
 from trl_es import ESTrainer
-from trl_es.toy_task import digit_fraction, digit_prompts
+from trl_es.testing import digit_fraction, digit_prompts
 
 
 def main():

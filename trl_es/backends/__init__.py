@@ -1,15 +1,9 @@
-"""How a population is evaluated: each backend writes a member's weights where generation reads them.
+"""How a population is evaluated: every backend implements `PopulationBackend` (`base.py`): it generates with each
+member's weights, or the centre's, and follows the master's updates. `population.py` picks the backend for a
+configuration, once."""
 
-A backend has these methods:
-
-- `load_member(member)`: the next generation call uses `master + sign * sigma * eps`;
-- `load_center()`: it uses the master itself;
-- `after_update(coefficients, lr, weight_decay)`: a backend with its own master (the vLLM server) applies the update;
-- `check_consistency(model, step)`: fail loudly if the backend's weights no longer follow the trainer's master.
-
-The vLLM backends also `generate(prompt_ids, seed)`; the Hugging Face one leaves generation to `model.generate`.
-"""
-
+from .base import PhaseTimer, PopulationBackend
 from .hf import HFBackend
+from .population import Population, build_population
 
-__all__ = ["HFBackend"]
+__all__ = ["HFBackend", "PhaseTimer", "Population", "PopulationBackend", "build_population"]

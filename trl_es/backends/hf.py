@@ -1,42 +1,143 @@
-"""The Hugging Face backend: members are evaluated by the trainer's own model with `model.generate`."""
+"""The Hugging Face backend: each member's weights are written into the trainer's model, which generates with
+`model.generate` exactly as `GRPOTrainer` does without vLLM (same generation config, padding and EOS handling)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
+from transformers import GenerationConfig, LogitsProcessorList
 
-from ..master import MasterWeights
-from ..noise import Member
+from ..core.master import MasterWeights
+from ..core.noise import Member
+from .base import OneMemberAtATime
+from .sampling import SamplingSettings
 
 
-class HFBackend:
-    """Writes member and centre weights into the trainer's model, whose `generate` then produces the completions.
+@dataclass(frozen=True)
+class TokenIds:
+    """The special tokens generation needs: padding, BOS, and every id that ends a completion."""
+
+    pad: int
+    bos: int | None
+    eos: tuple[int, ...]
+
+    @classmethod
+    def of(cls, model, tokenizer) -> TokenIds:
+        """As `GRPOTrainer` gathers them: the tokenizer's EOS first, then the model's generation-config EOS ids."""
+        configured = model.generation_config.eos_token_id
+        configured = [] if configured is None else [configured] if isinstance(configured, int) else list(configured)
+        eos = configured if tokenizer.eos_token_id in configured else [tokenizer.eos_token_id, *configured]
+        return cls(tokenizer.pad_token_id, tokenizer.bos_token_id, tuple(eos))
+
+
+def left_padded(
+    rows: list[list[int]], pad_id: int, device, pad_to_multiple_of: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids` and `attention_mask` of token-id rows, padded on the left for generation."""
+    width = max(len(row) for row in rows)
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, width - len(row) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def until_eos(token_ids: list[int], eos_ids: set[int] | Sequence[int]) -> list[int]:
+    """The generated tokens up to and including the first EOS (what follows is padding)."""
+    for position, token in enumerate(token_ids):
+        if token in eos_ids:
+            return token_ids[: position + 1]
+    return token_ids
+
+
+@torch.no_grad()
+def hf_generate(
+    model,
+    prompt_ids: list[list[int]],
+    generation_kwargs: dict,
+    tokens: TokenIds,
+    seed: int | None,
+    pad_to_multiple_of: int | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+) -> list[list[int]]:
+    """`model.generate` over token-id rows (left-padded), in eval mode, with the global generator seeded by `seed`
+    (and restored afterwards); returns each row's completion up to its first EOS."""
+    input_ids, attention_mask = left_padded(prompt_ids, tokens.pad, model.device, pad_to_multiple_of)
+    config = GenerationConfig(**generation_kwargs, disable_compile=True)
+    was_training = model.training
+    model.eval()
+    devices = [model.device] if model.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            if seed is not None:
+                torch.manual_seed(seed)
+            output = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=logits_processor,
+            )
+    finally:
+        model.train(was_training)
+    eos = set(tokens.eos)
+    return [until_eos(row, eos) for row in output[:, input_ids.shape[1] :].tolist()]
+
+
+class HFBackend(OneMemberAtATime):
+    """Full-rank members evaluated one at a time by the trainer's own model: a member's weights
+    `cast(master + sign * sigma * eps)` are written into the evolving parameters, the model generates, and the centre
+    is copied back from the master.
 
     Args:
-        parameters (`dict[str, torch.nn.Parameter]`):
-            The evolving parameters of the model, by name (the same names as in `master`).
-        master ([`MasterWeights`]):
-            The float32 source of truth.
-        sigma (`float`):
-            Noise scale of the members.
+        model (`PreTrainedModel`): The trainer's (unwrapped) model.
+        parameters (`dict[str, torch.nn.Parameter]`): Its evolving parameters, by the master's names.
+        master ([`MasterWeights`]): The float32 source of truth.
+        tokens ([`TokenIds`]): Padding and EOS ids.
+        pad_to_multiple_of (`int`, *optional*): As `GRPOConfig.pad_to_multiple_of`.
     """
 
-    def __init__(self, parameters: dict[str, torch.nn.Parameter], master: MasterWeights, sigma: float):
+    def __init__(
+        self,
+        model,
+        parameters: dict[str, torch.nn.Parameter],
+        master: MasterWeights,
+        tokens: TokenIds,
+        pad_to_multiple_of: int | None = None,
+    ):
+        self.model = model
         self.parameters = parameters
         self.master = master
-        self.sigma = sigma
+        self.tokens = tokens
+        self.pad_to_multiple_of = pad_to_multiple_of
 
-    @torch.no_grad()
-    def load_member(self, member: Member) -> None:
-        for name, value in self.master.perturbed(member, self.sigma):
-            self.parameters[name].copy_(value)
+    def generate_center(self, prompt_ids, sampling, seed):
+        """Completions with the weights the model holds (the centre, between calls)."""
+        return self._generate(prompt_ids, sampling, seed)
+
+    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
+        """Nothing to do: the population writes the new centre into the trainer's model, which this backend reads."""
+
+    def check_consistency(self, step: int) -> None:
+        """Nothing to compare: generation reads the trainer's model, which the master writes."""
 
     @torch.no_grad()
     def load_center(self) -> None:
-        for name, value in self.master.tensors.items():
+        self._write(self.master.tensors.items())
+
+    @torch.no_grad()
+    def load_member(self, member: Member) -> None:
+        """Write one member's weights (for callers that generate themselves; `load_center` undoes it)."""
+        self._write(self.master.perturbed(member))
+
+    def _write(self, named_tensors) -> None:
+        for name, value in named_tensors:
             self.parameters[name].copy_(value)
 
-    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
-        """Nothing to do: the trainer's master is the only one."""
-
-    def check_consistency(self, model: torch.nn.Module, step: int) -> None:
-        """Nothing to compare: generation reads the trainer's model itself."""
+    def _generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings, seed: int | None):
+        kwargs = sampling.generate_kwargs(self.tokens.pad, self.tokens.bos, list(self.tokens.eos))
+        return hf_generate(self.model, prompt_ids, kwargs, self.tokens, seed, self.pad_to_multiple_of)

@@ -17,27 +17,27 @@ from contextlib import contextmanager
 
 import torch
 
-from ..consistency import layout_free_stats, stats_agree
-from ..master import MasterWeights
-from ..noise import Member
-from .sampling import SamplingSettings
+from ..core.consistency import layout_free_stats, stats_agree
+from ..core.master import MasterWeights
+from ..core.noise import Member
+from .base import OneMemberAtATime
 
 
-class VLLMColocateBackend:
-    """Generation in the trainer's process with a `vllm.LLM` (the one TRL's `VLLMGeneration` built).
+class VLLMColocateBackend(OneMemberAtATime):
+    """Full-rank members evaluated one at a time in the trainer's process, by a `vllm.LLM` (the one TRL's
+    `VLLMGeneration` built) whose weights are written for each member.
 
     Args:
         llm (`vllm.LLM`): The engine, created with `distributed_executor_backend="external_launcher"`.
         master ([`MasterWeights`]): The float32 source of truth.
-        sigma (`float`): Noise scale of the members.
-        sampling ([`SamplingSettings`]): Generation settings.
+        reference_model (`torch.nn.Module`, *optional*): The trainer's model (holding the centre), which
+            `check_consistency` compares with the engine.
     """
 
-    def __init__(self, llm, master: MasterWeights, sigma: float, sampling: SamplingSettings):
+    def __init__(self, llm, master: MasterWeights, reference_model: torch.nn.Module | None = None):
         self.llm = llm
         self.master = master
-        self.sigma = sigma
-        self.sampling = sampling
+        self.reference_model = reference_model
         self.engine_model = llm.llm_engine.model_executor.driver_worker.model_runner.model
         self.dtype = next(self.engine_model.parameters()).dtype
         self.weights_tag = uuid.uuid4().hex  # changes with every load: the prefix cache salt
@@ -48,26 +48,29 @@ class VLLMColocateBackend:
         self.weights_tag = uuid.uuid4().hex
 
     def load_member(self, member: Member) -> None:
-        self.load_weights(self.master.perturbed(member, self.sigma))
+        self.load_weights(self.master.perturbed(member))
 
     def load_center(self) -> None:
         self.load_weights(self.master.tensors.items())
 
-    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
-        """Nothing to do: the trainer's master is this engine's master."""
-
-    def generate(self, prompt_ids: list[list[int]], seed: int | None) -> list[list[int]]:
+    def generate_center(self, prompt_ids, sampling, seed):
+        """Completions with the weights the engine holds (the centre, between calls)."""
         from vllm import SamplingParams
 
-        params = [SamplingParams(**self.sampling.for_row(seed, row)) for row in range(len(prompt_ids))]
+        params = [SamplingParams(**sampling.vllm_params(seed, row)) for row in range(len(prompt_ids))]
         prompts = [{"prompt_token_ids": ids, "cache_salt": self.weights_tag} for ids in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [list(output.outputs[0].token_ids) for output in outputs]
 
-    def check_consistency(self, model: torch.nn.Module, step: int) -> None:
-        """Fail loudly if the engine does not hold `model`'s weights (the centre), compared layout-free."""
+    def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
+        self.load_center()  # the trainer's master is this engine's master
+
+    def check_consistency(self, step: int) -> None:
+        """Fail loudly if the engine does not hold the trainer's model's weights (the centre), compared layout-free."""
+        if self.reference_model is None:
+            return
         engine = layout_free_stats(p for _, p in self.engine_model.named_parameters())
-        expected = layout_free_stats((p for _, p in model.named_parameters()), dtype=self.dtype)
+        expected = layout_free_stats((p for _, p in self.reference_model.named_parameters()), dtype=self.dtype)
         if not stats_agree(engine, expected):
             raise RuntimeError(
                 f"At step {step} the vLLM engine's weights disagree with the trainer's (sum, sum of squares: engine "
@@ -95,8 +98,9 @@ def release_vllm_engine(trainer) -> None:
     with _default_process_group_kept(keep_default_group):
         llm.llm_engine.engine_core.shutdown()  # vLLM's EngineCore.shutdown; it detaches the engine's own finalizer
     generation.llm = None
-    if isinstance(getattr(trainer, "_backend", None), VLLMColocateBackend):
-        trainer._backend = None  # it holds the engine's model
+    release = getattr(trainer, "release_population", None)
+    if release is not None:
+        release()  # an ESTrainer's backend holds the engine's model
 
 
 @contextmanager

@@ -36,8 +36,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..lowrank import LowRankMasterWeights, lowrank_factors
-from ..noise import Member
+from ..core.lowrank import LowRankMasterWeights, lowrank_factors
+from ..core.noise import Member
+from .base import PhaseTimer
 from .sampling import SamplingSettings
 from .vllm_colocate import VLLMColocateBackend
 
@@ -104,38 +105,8 @@ def vllm_lora_rank(rank: int) -> int:
     return fitting[0]
 
 
-@contextmanager
-def lora_enabled_llm(max_lora_rank: int, max_loras: int) -> Iterator[None]:
-    """Within this context, the colocated engine that TRL's `VLLMGeneration` creates has LoRA enabled.
-
-    TRL builds its `vllm.LLM` inside `VLLMGeneration._init_vllm` (called from `GRPOTrainer.__init__`) without LoRA
-    arguments; this replaces the `LLM` name of `trl.generation.vllm_generation` by one that adds
-    `enable_lora=True, max_lora_rank=..., max_loras=...`, and restores it on exit.
-
-    Args:
-        max_lora_rank (`int`):
-            The members' rank; rounded up to a rank vLLM accepts (1, 8, 16, ...).
-        max_loras (`int`):
-            Adapters in one batch: the members evaluated per `generate` call. A larger population is generated in
-            chunks of `max_loras` members.
-    """
-    from trl.generation import vllm_generation
-
-    original = vllm_generation.LLM
-    lora_arguments = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(max_lora_rank), "max_loras": max_loras}
-
-    def llm_with_lora(*args, **kwargs):
-        return original(*args, **{**kwargs, **lora_arguments})
-
-    vllm_generation.LLM = llm_with_lora
-    try:
-        yield
-    finally:
-        vllm_generation.LLM = original
-
-
 class VLLMLoRAPopulationBackend(VLLMColocateBackend):
-    """The colocate backend, plus [`generate_population`]: all low-rank members in one call, each as a LoRA adapter.
+    """Low-rank members as LoRA adapters over the engine's centre weights: the population in one `generate` call.
 
     The engine's base weights hold the centre (`load_center`, after every update); `load_member` still writes a
     member's explicit weights, for checks.
@@ -143,61 +114,60 @@ class VLLMLoRAPopulationBackend(VLLMColocateBackend):
     Args:
         llm (`vllm.LLM`): The in-process engine, created with LoRA enabled (see [`lora_enabled_llm`]).
         master ([`LowRankMasterWeights`]): The float32 source of truth; only decoder Linear weights may evolve.
-        sigma (`float`): Noise scale of the members.
-        sampling ([`SamplingSettings`]): Generation settings.
         adapter_dir (`str` or `Path`): Where adapters are written (a fresh subfolder per backend, so several
             processes may share it); they are deleted after each call.
+        reference_model (`torch.nn.Module`, *optional*): As for [`VLLMColocateBackend`].
     """
 
     def __init__(
-        self, llm, master: LowRankMasterWeights, sigma: float, sampling: SamplingSettings, adapter_dir: str | Path
+        self, llm, master: LowRankMasterWeights, adapter_dir: str | Path, reference_model: nn.Module | None = None
     ):
         check_lora_population(master)
         lora_config = llm.llm_engine.vllm_config.lora_config
         if lora_config is None:
             raise ValueError(
                 "The vLLM engine was created without LoRA. Create it with enable_lora=True, max_lora_rank >= "
-                f"{master.rank} and max_loras >= members per call (wrap the trainer's creation in `lora_enabled_llm`)."
+                f"{master.rank} and max_loras >= members per call (`trl_es.trl_compat.lora_enabled_llm` does so for "
+                "the engine TRL creates)."
             )
         if master.rank > lora_config.max_lora_rank:
             raise ValueError(
                 f"The members' rank {master.rank} exceeds the engine's max_lora_rank={lora_config.max_lora_rank}; "
                 f"create the engine with max_lora_rank={vllm_lora_rank(master.rank)}."
             )
-        super().__init__(llm, master, sigma, sampling)
+        super().__init__(llm, master, reference_model)
         self.max_loras = lora_config.max_loras
         self.lora_dtype = lora_config.lora_dtype  # written in the dtype vLLM casts to: half the bytes in bf16
         self.adapter_dir = Path(adapter_dir) / f"es-lora-{uuid.uuid4().hex[:12]}"
         self.lora_names = [name for name in master.tensors if not master.is_frozen(name)]
         self.target_modules = sorted({name.rsplit(".", 2)[-2] for name in self.lora_names})
 
-    def generate_population(
-        self, prompt_ids: list[list[int]], members: Sequence[Member], seed: int | None
-    ) -> list[list[int]]:
-        """Completions of every member for `prompt_ids`, member-major: row `i * len(prompt_ids) + j` is member `i`'s
-        completion of prompt `j`. Row `j` of every member samples with seed `seed + j` (common random numbers).
-
-        At most `max_loras` members share one `generate` call; a larger population takes several.
-        """
+    def generate(self, members, prompt_ids, sampling, seed, timer=None):
+        """Every member's completions, each member an adapter over the engine's centre weights; at most `max_loras`
+        members share one `generate` call, so a larger population takes several. Writing the adapters is timed as
+        `perturb`."""
+        timer = timer or PhaseTimer()
         completions = []
         for start in range(0, len(members), self.max_loras):
-            completions += self._generate_chunk(prompt_ids, members[start : start + self.max_loras], seed)
+            chunk = members[start : start + self.max_loras]
+            with self.member_adapters(chunk, timer) as requests, timer("generate"):
+                completions += self._generate_chunk(prompt_ids, requests, sampling, seed)
         return completions
 
-    def _generate_chunk(self, prompt_ids: list[list[int]], members: Sequence[Member], seed: int | None):
+    def _generate_chunk(self, prompt_ids: list[list[int]], requests: list, sampling: SamplingSettings, seed):
         from vllm import SamplingParams
 
         rows = len(prompt_ids)
         # Member-major; every member's j-th row samples with seed + j (common random numbers).
-        prompts = [{"prompt_token_ids": ids, "cache_salt": self.weights_tag} for _ in members for ids in prompt_ids]
-        params = [SamplingParams(**self.sampling.for_row(seed, row)) for _ in members for row in range(rows)]
-        with self.member_adapters(members) as requests:
-            loras = [request for request in requests for _ in range(rows)]
-            outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
-        return [list(output.outputs[0].token_ids) for output in outputs]
+        prompts = [{"prompt_token_ids": ids, "cache_salt": self.weights_tag} for _ in requests for ids in prompt_ids]
+        params = [SamplingParams(**sampling.vllm_params(seed, row)) for _ in requests for row in range(rows)]
+        loras = [request for request in requests for _ in range(rows)]
+        outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        tokens = [list(output.outputs[0].token_ids) for output in outputs]
+        return [tokens[i * rows : (i + 1) * rows] for i in range(len(requests))]
 
     @contextmanager
-    def member_adapters(self, members: Sequence[Member]) -> Iterator[list]:
+    def member_adapters(self, members: Sequence[Member], timer: PhaseTimer | None = None) -> Iterator[list]:
         """The `vllm.lora.request.LoRARequest` of each member, written to disk for the duration of the context (for a
         caller that builds its own `generate` call, e.g. to ask for log-probabilities).
 
@@ -205,34 +175,42 @@ class VLLMLoRAPopulationBackend(VLLMColocateBackend):
         Leaving the context deletes the files: vLLM keeps the adapters it loaded in memory, and no later request
         names these ids again.
         """
-        from vllm.lora.request import LoRARequest
 
-        factors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        timer = timer or PhaseTimer()
         requests = []
         try:
-            for member in members:
-                adapter_id = next(_adapter_ids)
-                path = self.adapter_dir / f"member-{adapter_id}"
-                tensors = {}
-                for name in self.lora_names:
-                    master = self.master.tensors[name]
-                    if (member.seed, name) not in factors:
-                        # Drawn on the master's device, as the update draws them (CPU and CUDA generators differ).
-                        a, b = lowrank_factors(member.seed, name, master.shape, self.master.rank, master.device)
-                        factors[member.seed, name] = a.cpu(), b.cpu()
-                    a, b = factors[member.seed, name]
-                    key = "base_model.model." + name.removesuffix(".weight")
-                    scale = member.sign * self.sigma / math.sqrt(self.master.rank)
-                    tensors[f"{key}.lora_A.weight"] = b.T.to(self.lora_dtype).contiguous()
-                    tensors[f"{key}.lora_B.weight"] = (a * scale).to(self.lora_dtype)
-                path.mkdir(parents=True)
-                requests.append(LoRARequest(f"es-member-{adapter_id}", adapter_id, str(path)))
-                save_file(tensors, path / "adapter_model.safetensors")
-                (path / "adapter_config.json").write_text(json.dumps(self._adapter_config()))
+            with timer("perturb"):
+                self._write_adapters(members, requests)
             yield requests
         finally:
             for request in requests:
                 shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    def _write_adapters(self, members: Sequence[Member], requests: list) -> None:
+        """Write one adapter per member, appending its request to `requests` as soon as its folder exists (so the
+        caller deletes whatever was written, also when this fails half-way)."""
+        from vllm.lora.request import LoRARequest
+
+        factors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}  # a pair's seed is drawn once
+        for member in members:
+            adapter_id = next(_adapter_ids)
+            path = self.adapter_dir / f"member-{adapter_id}"
+            tensors = {}
+            for name in self.lora_names:
+                master = self.master.tensors[name]
+                if (member.seed, name) not in factors:
+                    # Drawn on the master's device, as the update draws them (CPU and CUDA generators differ).
+                    a, b = lowrank_factors(member.seed, name, master.shape, self.master.rank, master.device)
+                    factors[member.seed, name] = a.cpu(), b.cpu()
+                a, b = factors[member.seed, name]
+                key = "base_model.model." + name.removesuffix(".weight")
+                scale = member.sign * self.master.sigma / math.sqrt(self.master.rank)
+                tensors[f"{key}.lora_A.weight"] = b.T.to(self.lora_dtype).contiguous()
+                tensors[f"{key}.lora_B.weight"] = (a * scale).to(self.lora_dtype)
+            path.mkdir(parents=True)
+            requests.append(LoRARequest(f"es-member-{adapter_id}", adapter_id, str(path)))
+            save_file(tensors, path / "adapter_model.safetensors")
+            (path / "adapter_config.json").write_text(json.dumps(self._adapter_config()))
 
     def _adapter_config(self) -> dict:
         rank = self.master.rank

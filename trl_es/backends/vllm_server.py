@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from ..consistency import master_digest, stats_agree
-from ..master import MasterWeights
-from ..noise import Member
+from ..core.consistency import master_digest, stats_agree
+from ..core.master import MasterWeights
+from ..core.noise import Member
+from .base import OneMemberAtATime
 from .sampling import SamplingSettings
 
 SERVE_HINT = "Start one with `trl-es vllm-serve --model <the same model>` (see `trl-es vllm-serve --help`)."
@@ -31,24 +32,18 @@ class VLLMServerUnreachable(VLLMServerError):
     """Nothing answers at the server's address."""
 
 
-class VLLMServerBackend:
+class VLLMServerBackend(OneMemberAtATime):
     """Generation and member weights in a remote `trl-es vllm-serve` server.
 
     Args:
         base_url (`str`): The server, e.g. `http://127.0.0.1:8000`.
         master ([`MasterWeights`]): The trainer's float32 master, which the server's must equal.
-        sigma (`float`): Noise scale of the members.
-        sampling ([`SamplingSettings`]): Generation settings.
         timeout (`float`): Seconds to wait for one request.
     """
 
-    def __init__(
-        self, base_url: str, master: MasterWeights, sigma: float, sampling: SamplingSettings, timeout: float = 600
-    ):
+    def __init__(self, base_url: str, master: MasterWeights, timeout: float = 600):
         self.base_url = base_url.rstrip("/")
         self.master = master
-        self.sigma = sigma
-        self.sampling = sampling
         self.timeout = timeout
         self.session = requests.Session()
         self.run_id = uuid.uuid4().hex
@@ -106,7 +101,8 @@ class VLLMServerBackend:
         names = json.dumps(list(self.master.tensors))
         # A resumed run's master is in its checkpoint, which the server reads (it must see the same filesystem).
         resume_from = os.path.abspath(checkpoint) if checkpoint else ""
-        digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype, resume_from))
+        sigma = repr(float(self.master.sigma))
+        digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype, sigma, resume_from))
         self.weights_tag = uuid.uuid4().hex
         expected = master_digest(self.master.tensors)
         if digests != {expected}:
@@ -118,7 +114,7 @@ class VLLMServerBackend:
             )
 
     def load_member(self, member: Member) -> None:
-        self._rpc("es_load_member", self.run_id, member.seed, member.sign, self.sigma)
+        self._rpc("es_load_member", self.run_id, member.seed, member.sign)
         self.weights_tag = uuid.uuid4().hex
 
     def load_center(self) -> None:
@@ -128,15 +124,18 @@ class VLLMServerBackend:
     def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
         # JSON floats round-trip exactly, so the server applies bit-for-bit the trainer's update.
         self._rpc("es_apply_update", self.run_id, json.dumps(coefficients), repr(float(lr)), repr(float(weight_decay)))
+        self.load_center()
 
-    def generate(self, prompt_ids: list[list[int]], seed: int | None) -> list[list[int]]:
+    def generate_center(self, prompt_ids: list[list[int]], sampling: SamplingSettings, seed: int | None):
+        """Completions with the weights the server holds (the centre, between calls)."""
+
         def complete(row: int) -> list[int]:
             payload = {
                 "model": self.served_model,
                 "prompt": prompt_ids[row],
                 "return_token_ids": True,
                 "cache_salt": self.weights_tag,  # no KV block computed under other weights can match
-                **self.sampling.for_row(seed, row),
+                **sampling.vllm_params(seed, row),
             }
             return list(self._request("POST", "/v1/completions", payload).json()["choices"][0]["token_ids"])
 
@@ -144,7 +143,7 @@ class VLLMServerBackend:
         with ThreadPoolExecutor(max_workers=min(64, max(1, len(prompt_ids)))) as pool:
             return list(pool.map(complete, range(len(prompt_ids))))
 
-    def check_consistency(self, model, step: int) -> None:
+    def check_consistency(self, step: int) -> None:
         expected = master_digest(self.master.tensors)
         reports = self._rpc("es_checksum", self.run_id)
         for report in reports:

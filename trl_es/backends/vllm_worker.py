@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ..checkpoint import ES_STATE_DIR, MASTER_FILE
-from ..consistency import layout_free_stats, master_digest
-from ..master import MasterWeights
-from ..noise import Member
+from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE
+from ..core.consistency import layout_free_stats, master_digest
+from ..core.master import MasterWeights
+from ..core.noise import Member
 from .vllm_cpu import keep_plain_linear_weights_on_cpu
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.
@@ -72,10 +72,11 @@ class ESWorkerExtension:
 
         return __version__
 
-    def es_init(self, run_id: str, names_json: str, trainer_dtype: str, resume_from: str = "") -> str:
+    def es_init(self, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "") -> str:
         """Start a run: build the master of the evolving parameters `names_json` from the served checkpoint, rounded
         through the trainer's parameter dtype so both masters start equal; or, when the trainer resumes, from its
-        checkpoint `resume_from` (weights plus the float32 masters of `es_state/`). Returns the master digest."""
+        checkpoint `resume_from` (weights plus the float32 masters of `es_state/`). Members are perturbed with noise
+        scale `sigma`. Returns the master digest."""
         names = json.loads(names_json)
         dtype = getattr(torch, trainer_dtype)
         checkpoint = _read_checkpoint(self.vllm_config.model_config.model)
@@ -92,13 +93,13 @@ class ESWorkerExtension:
         frozen = [tensor for name, tensor in checkpoint.items() if name not in evolving]
         if resume_from:
             evolving.update(load_file(Path(resume_from) / ES_STATE_DIR / MASTER_FILE, device=str(device)))
-        self._es_state = {"run_id": run_id, "master": MasterWeights(evolving), "frozen": frozen}
+        self._es_state = {"run_id": run_id, "master": MasterWeights(evolving, float(sigma)), "frozen": frozen}
         self._es_load(self._es_state["master"].tensors.items())
         return master_digest(self._es_state["master"].tensors)
 
-    def es_load_member(self, run_id: str, seed: str, sign: str, sigma: str) -> None:
+    def es_load_member(self, run_id: str, seed: str, sign: str) -> None:
         master = self._es_run(run_id)["master"]
-        self._es_load(master.perturbed(Member(int(seed), int(sign)), float(sigma)))
+        self._es_load(master.perturbed(Member(int(seed), int(sign))))
 
     def es_load_center(self, run_id: str) -> None:
         self._es_load(self._es_run(run_id)["master"].tensors.items())

@@ -1,0 +1,339 @@
+"""The Hugging Face backend for low-rank (EGGROLL) members: the whole population in one batched `model.generate` call.
+
+The rows of a batch are member-major: member `i` owns rows `i * rows_per_member` to `(i + 1) * rows_per_member - 1`,
+in the prefill and in every decoding step (generate keeps the row order; the KV cache holds each row's own perturbed
+keys and values). Forward hooks add each member's perturbation to its rows (see `core/lowrank.py` for the noise):
+
+- `nn.Linear`: `y_i = x_i W.T + b + s_i sigma / sqrt(r) * (x_i B_i) A_i.T`;
+- `nn.Embedding`: `e_i = W[ids_i] + s_i sigma / sqrt(r) * A_i[ids_i] B_i.T`;
+
+so the hooks need no per-row bookkeeping: the rows are viewed as `(members, rows_per_member * seq, in)` and two
+batched matmuls cost O(rows * seq * rank * (in + out)). With `other_parameters="full"`, a `nn.Linear` bias adds its
+member's noise to the output (exact: the output is affine in the bias), and any other module (RMSNorm, LayerNorm, ...)
+is re-run once per member with its perturbed parameters, vectorised with `torch.func.vmap`. Re-running is exact
+whatever the module computes (RMSNorm's `w * x`, Gemma's `(1 + w) * x`, LayerNorm's affine), where rescaling the output
+by `(w + delta) / w` would not be (it divides by weights near zero). It needs a leaf module called with one tensor;
+anything else raises `NotImplementedError` naming the module.
+
+Sampling: one `generate` call draws different random numbers for every row, which breaks the common random numbers
+of a step (member `i`'s `j`-th row must sample like every other member's `j`-th row); `CommonRandomGumbel` restores
+them. In float32 a member's outputs match explicitly written weights to rounding; in bf16 the hook adds its term to
+the bf16 base output instead of rounding `W + delta` to bf16, so they are close, not bitwise equal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from ..core.lowrank import LowRankMasterWeights, lowrank_factors
+from ..core.noise import Member, derive_seed, parameter_noise
+from .base import PhaseTimer
+from .hf import HFBackend, TokenIds, hf_generate
+from .sampling import SamplingSettings
+
+
+class HFLowRankBackend(HFBackend):
+    """Low-rank members evaluated by the trainer's own model, `members_per_call` of them in one batched `generate`:
+    the batch is member-major and forward hooks add each member's perturbation (see the module docstring). No weight
+    is written, so the model always holds the centre (its float32 evolving parameters can be the master itself).
+
+    Args:
+        model (`PreTrainedModel`): The trainer's (unwrapped) model, whose parameter names built `master`.
+        parameters (`dict[str, torch.nn.Parameter]`): Its evolving parameters, by the master's names.
+        master ([`LowRankMasterWeights`]): The float32 source of truth.
+        tokens ([`TokenIds`]): Padding and EOS ids.
+        members_per_call (`int`, *optional*): Members per `generate` call (all of them by default).
+        pad_to_multiple_of (`int`, *optional*): As `GRPOConfig.pad_to_multiple_of`.
+    """
+
+    def __init__(
+        self,
+        model,
+        parameters: dict[str, torch.nn.Parameter],
+        master: LowRankMasterWeights,
+        tokens: TokenIds,
+        members_per_call: int | None = None,
+        pad_to_multiple_of: int | None = None,
+    ):
+        super().__init__(model, parameters, master, tokens, pad_to_multiple_of)
+        self.members_per_call = members_per_call
+
+    def generate(self, members, prompt_ids, sampling, seed, timer=None):
+        timer = timer or PhaseTimer()
+        rows = len(prompt_ids)
+        per_call = self.members_per_call or len(members)
+        completions = []
+        for start in range(0, len(members), per_call):
+            batch = members[start : start + per_call]
+            with timer("generate"), lowrank_population(self.model, self.master, batch, rows):
+                generated = self._generate_population_rows(prompt_ids * len(batch), sampling, seed, rows)
+            completions += [generated[i * rows : (i + 1) * rows] for i in range(len(batch))]
+        return completions
+
+    def _generate_population_rows(
+        self, prompt_ids, sampling: SamplingSettings, seed: int | None, rows_per_member: int
+    ):
+        """`generate` over a batched population's rows; sampled rows keep common random numbers (every member's j-th
+        row draws the same Gumbel noise), where a plain sampled `generate` would give every row its own."""
+        if sampling.temperature == 0:
+            return self._generate(prompt_ids, sampling, seed)
+        processors = common_random_sampling(
+            seed or 0, rows_per_member, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+        )
+        # The processors sample; `generate` takes their argmax.
+        kwargs = sampling.with_(temperature=0).generate_kwargs(self.tokens.pad, self.tokens.bos, list(self.tokens.eos))
+        return hf_generate(self.model, prompt_ids, kwargs, self.tokens, seed, self.pad_to_multiple_of, processors)
+
+
+def _member_factors(
+    master: LowRankMasterWeights, name: str, members: Sequence[Member], like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked factors of one matrix for the population, on `like`'s device and dtype: `A` (`N x out x r`) and `B`
+    scaled by `sign * sigma / sqrt(r)` (`N x in x r`). A seed shared by an antithetic pair is drawn once."""
+    shape, device = master.tensors[name].shape, master.tensors[name].device
+    drawn = {
+        seed: lowrank_factors(seed, name, shape, master.rank, device)
+        for seed in dict.fromkeys(m.seed for m in members)
+    }
+    a = torch.stack([drawn[m.seed][0] for m in members])
+    b = torch.stack([drawn[m.seed][1] * (m.sign * master.sigma / math.sqrt(master.rank)) for m in members])
+    return a.to(like.device, like.dtype), b.to(like.device, like.dtype)
+
+
+def _member_values(
+    master: LowRankMasterWeights, name: str, members: Sequence[Member], like: torch.Tensor
+) -> torch.Tensor:
+    """`cast(master + sign * sigma * eps)` of one full-rank tensor for each member (`N x *shape`): the values the
+    explicit path writes."""
+    tensor = master.tensors[name]
+    stacked = torch.stack(
+        [
+            parameter_noise(m.seed, name, tensor.shape, tensor.device).mul_(m.sign * master.sigma).add_(tensor)
+            for m in members
+        ]
+    )
+    return stacked.to(like.device, like.dtype)
+
+
+class _MemberHook:
+    """Forward hook of one module: gives the rows of each member that member's perturbation.
+
+    `lowrank` holds the stacked factors of the module's weight, `bias_noise` the scaled noise of a Linear bias
+    (`N x out`), `full` the per-member values of the other parameters, for which the module is re-run per member.
+    """
+
+    def __init__(self, population_size: int, rows_per_member: int, lowrank=None, bias_noise=None, full=None):
+        self.population_size = population_size
+        self.rows_per_member = rows_per_member
+        self.lowrank = lowrank
+        self.bias_noise = bias_noise
+        self.full = full or {}
+        self.rerunning = False  # the per-member re-run calls the module again: its hook must let that call through
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor | None:
+        if self.rerunning:
+            return None
+        inputs = args[0] if args else next(iter(kwargs.values()))
+        members = self.population_size
+        if inputs.shape[0] != members * self.rows_per_member:
+            raise ValueError(
+                f"The low-rank population expects {members} members x {self.rows_per_member} rows per member = "
+                f"{members * self.rows_per_member} rows, but {type(module).__name__} got {inputs.shape[0]}. "
+                "Generate the whole population in one padded call, member-major (member i owns rows "
+                "i * rows_per_member .. (i + 1) * rows_per_member - 1), with rows_per_member = prompts per member x "
+                "num_return_sequences; continuous batching (`generate_batch`) is not supported."
+            )
+        self._follow_model(module, output)
+        if self.full:
+            return self._rerun_per_member(module, args, kwargs, inputs, members, output)
+        result = output.reshape(members, -1, output.shape[-1])
+        if self.lowrank is not None:
+            a, b = self.lowrank
+            if isinstance(module, nn.Embedding):
+                ids = inputs.reshape(members, -1) + torch.arange(members, device=inputs.device)[:, None] * a.shape[1]
+                result = result + torch.bmm(a.reshape(-1, a.shape[-1])[ids], b.transpose(1, 2))
+            else:
+                low = torch.bmm(inputs.reshape(members, -1, inputs.shape[-1]), b)  # (N, rows * seq, r)
+                result = result + torch.bmm(low, a.transpose(1, 2))
+        if self.bias_noise is not None:
+            result = result + self.bias_noise[:, None, :]
+        return result.reshape(output.shape)
+
+    def _follow_model(self, module: nn.Module, output: torch.Tensor) -> None:
+        """Move the cached tensors to the output's (or the parameter's) device and dtype: TRL may cast the model to
+        bf16 after the context was entered. `.to` returns the tensor itself when nothing changes."""
+        if self.lowrank is not None:
+            self.lowrank = tuple(factor.to(output.device, output.dtype) for factor in self.lowrank)
+        if self.bias_noise is not None:
+            self.bias_noise = self.bias_noise.to(output.device, output.dtype)
+        for attribute, values in self.full.items():
+            param = getattr(module, attribute)
+            self.full[attribute] = values.to(param.device, param.dtype)
+
+    def _rerun_per_member(self, module, args, kwargs, inputs, members, output):
+        if len(args) != 1 or kwargs or not isinstance(output, torch.Tensor):
+            raise NotImplementedError(
+                f"other_parameters='full' re-runs {type(module).__name__} once per member, which needs a module "
+                "called with one tensor and returning one. Use other_parameters='frozen', freeze its parameters "
+                "(requires_grad=False), or evaluate members one at a time with explicit weights."
+            )
+
+        def forward(params, rows):
+            return torch.func.functional_call(module, params, (rows,))
+
+        self.rerunning = True
+        try:
+            outputs = torch.func.vmap(forward)(self.full, inputs.reshape(members, -1, *inputs.shape[1:]))
+        finally:
+            self.rerunning = False
+        return outputs.reshape(output.shape)
+
+
+def _population_hooks(
+    model: nn.Module, master: LowRankMasterWeights, members: Sequence[Member], rows_per_member: int
+) -> list[tuple[nn.Module, _MemberHook]]:
+    names = {id(param): name for name, param in model.named_parameters() if name in master.tensors}
+    missing = sorted(set(master.tensors) - set(names.values()))
+    if missing:
+        raise ValueError(
+            f"The master holds parameters that the model does not: {missing[:5]}. Pass the model whose parameters "
+            "built the master."
+        )
+    factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # a tied matrix is drawn once for all its uses
+    hooks = []
+    for module in model.modules():
+        lowrank, full = None, {}
+        for attribute, param in module.named_parameters(recurse=False):
+            name = names.get(id(param))
+            if name is None or master.is_frozen(name):
+                continue
+            if name in master.lowrank_names:
+                if name not in factors:
+                    factors[name] = _member_factors(master, name, members, param)
+                lowrank = factors[name]
+            else:
+                full[attribute] = _member_values(master, name, members, param)
+        bias_noise = None
+        if isinstance(module, nn.Linear) and set(full) == {"bias"}:
+            # The output is affine in the bias: adding each member's noise is exact, no re-run needed.
+            bias_noise = full.pop("bias") - module.bias.detach()
+        if full and (lowrank is not None or bias_noise is not None or next(module.children(), None) is not None):
+            raise NotImplementedError(
+                f"other_parameters='full' cannot perturb the parameters {sorted(full)} of {type(module).__name__} per "
+                "member in one batch: only leaf modules are re-run per member. Use other_parameters='frozen', freeze "
+                "them (requires_grad=False), or evaluate members one at a time with explicit weights."
+            )
+        if lowrank is not None or bias_noise is not None or full:
+            hooks.append((module, _MemberHook(len(members), rows_per_member, lowrank, bias_noise, full)))
+    return hooks
+
+
+@contextmanager
+def lowrank_population(
+    model: nn.Module, master: LowRankMasterWeights, members: Sequence[Member], rows_per_member: int
+) -> Iterator[None]:
+    """Within this context, `model` evaluates the whole population at once: batch row `j` belongs to member
+    `members[j // rows_per_member]`, whose perturbation it gets through forward hooks.
+
+    The model's weights are never written, so nothing is restored: leaving the context (also through an exception)
+    removes the hooks. The factors are drawn once, on the master's device (so they match the update), and cached on the
+    model's device and dtype. The model's parameters must equal the master's (cast), i.e. the centre is loaded.
+
+    Args:
+        model (`nn.Module`):
+            The model whose `named_parameters()` names built `master`.
+        master ([`LowRankMasterWeights`]):
+            The float32 master: which matrices are low-rank, the rank, and what happens to the other parameters.
+        members (`Sequence[Member]`):
+            The members in batch order.
+        rows_per_member (`int`):
+            Rows of each member in every forward: prompts per member x `num_return_sequences` (x `num_beams`). Every
+            forward must have exactly `len(members) * rows_per_member` rows.
+
+    Example:
+
+    ```python
+    batch = tokenizer(prompts * len(members), return_tensors="pt", padding=True)  # member-major, left-padded
+    with lowrank_population(model, master, members, rows_per_member=len(prompts)):
+        ids = model.generate(**batch, do_sample=False, max_new_tokens=64)
+    completions_of_member_i = ids[i * len(prompts) : (i + 1) * len(prompts)]
+    ```
+    """
+    if rows_per_member < 1:
+        raise ValueError(f"rows_per_member must be >= 1, got {rows_per_member}.")
+    handles = []
+    try:
+        for module, hook in _population_hooks(model, master, members, rows_per_member):
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class CommonRandomGumbel(LogitsProcessor):
+    """Sampling with common random numbers across the members of one batched population (Gumbel-max trick).
+
+    In one `generate` call the sampler draws different random numbers for every row, so member `i`'s `j`-th row would
+    not sample with the same numbers as member `k`'s `j`-th row, as the one-member-at-a-time evaluation does. This
+    processor adds to row `j` the Gumbel noise of row `j % rows_per_member`, drawn from `(seed, sequence length)`, and
+    generation then takes the argmax (`do_sample=False`): `argmax(logits / temperature + gumbel)` is a sample of
+    `softmax(logits / temperature)`. A member evaluated alone with the same processor draws the same numbers.
+    Put top-k/top-p warpers before it in the `logits_processor` list; `do_sample=False` does not add them.
+
+    Args:
+        seed (`int`):
+            The step's sampling seed (see `noise.sampling_seed`).
+        rows_per_member (`int`):
+            Rows of each member in the batch.
+        temperature (`float`, *optional*, defaults to `1.0`):
+            Sampling temperature.
+    """
+
+    def __init__(self, seed: int, rows_per_member: int, temperature: float = 1.0):
+        if temperature <= 0:
+            raise ValueError(f"CommonRandomGumbel samples with temperature > 0, got temperature={temperature}.")
+        self.seed = seed
+        self.rows_per_member = rows_per_member
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows, vocab = scores.shape
+        if rows % self.rows_per_member:
+            raise ValueError(f"A batch of {rows} rows is not whole members of rows_per_member={self.rows_per_member}.")
+        generator = torch.Generator(device=scores.device).manual_seed(derive_seed(self.seed, input_ids.shape[1]))
+        uniform = torch.rand((self.rows_per_member, vocab), generator=generator, device=scores.device)
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
+        return scores.float() / self.temperature + gumbel.repeat(rows // self.rows_per_member, 1)
+
+
+def common_random_sampling(
+    seed: int,
+    rows_per_member: int,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+) -> LogitsProcessorList:
+    """The logits processors that sample a batched population with common random numbers (pass them to `generate`
+    with `do_sample=False`): temperature and the top-k / top-p / min-p filters, then `CommonRandomGumbel`."""
+    processors = [TemperatureLogitsWarper(temperature)]
+    if top_k:
+        processors.append(TopKLogitsWarper(top_k))
+    if top_p is not None and top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p))
+    if min_p:
+        processors.append(MinPLogitsWarper(min_p))
+    return LogitsProcessorList([*processors, CommonRandomGumbel(seed, rows_per_member)])

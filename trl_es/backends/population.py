@@ -1,0 +1,196 @@
+"""The one place that turns a configuration into a population: the master (which parameters evolve, how they are
+perturbed) and the backend that generates with its members.
+
+| generation               | `perturbation="full"`                    | `perturbation="lowrank"`                     |
+| ------------------------ | ---------------------------------------- | -------------------------------------------- |
+| `model.generate`         | `HFBackend`: weights written, one by one | `HFLowRankBackend`: hooks, one batched call  |
+| vLLM, `colocate`         | `VLLMColocateBackend`: weights written   | `VLLMLoRAPopulationBackend`: LoRA adapters   |
+| vLLM, `server`           | `VLLMServerBackend`: seeds over HTTP     | refused                                      |
+
+Wherever members are not written into the trainer's model, the model only ever holds the centre, so its float32
+parameters are their own master (no second float32 copy of the model).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import is_peft_model
+
+from ..core.lowrank import LowRankMasterWeights
+from ..core.master import MasterWeights
+from ..trl_compat import lora_enabled_llm
+from .base import PopulationBackend
+from .hf import HFBackend, TokenIds
+from .hf_lowrank import HFLowRankBackend
+
+
+@dataclass
+class Population:
+    """The centre of an ES run (the float32 master, with sigma) and the backend that evaluates its members.
+
+    `parameters` are the trainer's model's evolving parameters, which hold the centre between steps: checkpoints
+    save them, evaluation and callbacks read them.
+    """
+
+    master: MasterWeights
+    backend: PopulationBackend
+    parameters: dict[str, torch.nn.Parameter]
+
+    @torch.no_grad()
+    def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> float:
+        """Move the centre by `lr * sum_seed coef * eps(seed)` (with decoupled weight decay) in the master, the
+        trainer's model and the backend; returns the norm of the step."""
+        update_norm = self.master.apply_update(coefficients, lr=lr, weight_decay=weight_decay)
+        for name, master in self.master.tensors.items():
+            parameter = self.parameters[name]
+            if parameter.data_ptr() != master.data_ptr():  # a float32 parameter may be the master itself
+                parameter.copy_(master)
+        self.backend.after_update(coefficients, lr=lr, weight_decay=weight_decay)
+        return update_norm
+
+
+def check_backend_config(args, model, peft_config) -> None:
+    """Refuse, before anything is built, the combinations no backend supports, saying what to use instead."""
+    if not args.use_vllm:
+        return
+    if peft_config is not None or (not isinstance(model, str) and is_peft_model(model)):
+        raise NotImplementedError(
+            "ESTrainer with vLLM evolves full weights only; with a PEFT adapter, generate with `use_vllm=False`."
+        )
+    if args.vllm_mode == "colocate":
+        if args.perturbation == "lowrank" and args.lowrank_other_parameters != "frozen":
+            raise ValueError(
+                "With vLLM, low-rank members are LoRA adapters, which perturb only the decoder's Linear projections: "
+                "set lowrank_other_parameters='frozen' (embeddings, lm_head, norms and biases then stay fixed), or "
+                "generate with model.generate (use_vllm=False), where every parameter evolves."
+            )
+    elif args.world_size > 1:
+        raise NotImplementedError(
+            "vllm_mode='server' runs with a single training process for now; launch one process, or use "
+            "vllm_mode='colocate'."
+        )
+    elif args.perturbation == "lowrank":
+        raise NotImplementedError(
+            "perturbation='lowrank' with vllm_mode='server' is not supported yet: the server's worker draws full-rank "
+            "noise. Use vllm_mode='colocate' (each member a LoRA adapter) or model.generate (use_vllm=False)."
+        )
+
+
+@contextmanager
+def engine_setup(args):
+    """Around `GRPOTrainer.__init__`: the colocated engine TRL creates gets what the backend needs, and a server is
+    hidden from GRPO (its NCCL weight-sync client would connect to it; ES talks to its own worker extension)."""
+    colocate = args.use_vllm and args.vllm_mode == "colocate"
+    server = args.use_vllm and args.vllm_mode == "server"
+    lora = nullcontext()
+    if colocate:
+        from .vllm_cpu import keep_plain_linear_weights_on_cpu
+        from .vllm_lora import vllm_lora_rank
+
+        keep_plain_linear_weights_on_cpu()  # before the engine loads the model
+        if args.perturbation == "lowrank":
+            members_per_call = args.population_batch_size or args.population_size // max(args.world_size, 1)
+            lora = lora_enabled_llm(vllm_lora_rank(args.lowrank_rank), max_loras=members_per_call)
+    if server:
+        args.use_vllm = False
+    try:
+        with lora:
+            yield
+    finally:
+        if server:
+            args.use_vllm = True
+
+
+def build_population(
+    args,
+    model,
+    tokens: TokenIds,
+    llm=None,
+    lossy_masters: dict[str, torch.Tensor] | None = None,
+    resumed_from: str | None = None,
+) -> Population:
+    """The master of `model`'s evolving parameters (`requires_grad=True`) and the backend `args` asks for.
+
+    Args:
+        args ([`ESConfig`]): The configuration.
+        model (`PreTrainedModel`): The trainer's (unwrapped) model, holding the centre.
+        tokens ([`TokenIds`]): Padding and EOS ids for `model.generate`.
+        llm (`vllm.LLM`, *optional*): The colocated engine (vLLM colocate mode).
+        lossy_masters (`dict[str, torch.Tensor]`, *optional*): When resuming, the float32 masters of the parameters
+            whose model dtype rounds them (from the checkpoint's `es_state/`).
+        resumed_from (`str`, *optional*): The checkpoint a resumed run starts from (a vLLM server reads it).
+    """
+    parameters = evolving_parameters(model)
+    vllm_mode = args.vllm_mode if args.use_vllm else None
+    lowrank = args.perturbation == "lowrank"
+    share = vllm_mode is not None or lowrank  # the model only ever holds the centre
+    if lowrank and vllm_mode == "colocate":
+        from .vllm_lora import lora_target_parameters
+
+        # LoRA adapters perturb the decoder's projections; everything else stays fixed (checked at construction).
+        targets = set(lora_target_parameters(model)) & set(parameters)
+        master = LowRankMasterWeights(parameters, args.sigma, targets, args.lowrank_rank, "frozen", share)
+    elif lowrank:
+        master = LowRankMasterWeights.from_model(
+            model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share
+        )
+    else:
+        master = MasterWeights(parameters, args.sigma, share_float32=share)
+    if lossy_masters:
+        master.load_state_dict({**master.state_dict(), **lossy_masters})
+
+    if vllm_mode is None and lowrank:
+        backend = HFLowRankBackend(
+            model, parameters, master, tokens, args.population_batch_size, args.pad_to_multiple_of
+        )
+    elif vllm_mode is None:
+        backend = HFBackend(model, parameters, master, tokens, args.pad_to_multiple_of)
+    elif vllm_mode == "colocate":
+        backend = _colocate_backend(llm, master, model, lowrank)
+    else:
+        backend = _server_backend(args, master, parameters, resumed_from)
+    backend.check_consistency(step=0)
+    return Population(master, backend, parameters)
+
+
+def evolving_parameters(model) -> dict[str, torch.nn.Parameter]:
+    """The parameters ES evolves: those with `requires_grad=True` (with PEFT, the adapter's)."""
+    parameters = {name: param for name, param in model.named_parameters() if param.requires_grad}
+    if not parameters:
+        raise ValueError(
+            "The model has no parameter with requires_grad=True, so ES has nothing to evolve. Unfreeze the "
+            "parameters to train, or pass a `peft_config`."
+        )
+    return parameters
+
+
+def _colocate_backend(llm, master, model, lowrank: bool):
+    from .vllm_colocate import VLLMColocateBackend
+    from .vllm_lora import VLLMLoRAPopulationBackend
+
+    if lowrank:
+        backend = VLLMLoRAPopulationBackend(llm, master, tempfile.mkdtemp(prefix="trl-es-lora-"), model)
+    else:
+        backend = VLLMColocateBackend(llm, master, model)
+    # The engine loaded the checkpoint from disk; the run starts from the trainer's weights.
+    backend.load_weights(model.named_parameters())
+    return backend
+
+
+def _server_backend(args, master, parameters, resumed_from):
+    from .vllm_server import VLLMServerBackend
+
+    dtypes = {param.dtype for param in parameters.values()}
+    if len(dtypes) > 1:
+        raise NotImplementedError(
+            f"vllm_mode='server' needs the evolving parameters in one dtype, got {sorted(map(str, dtypes))}. Load "
+            "the model in a single dtype (`model_init_kwargs={'dtype': ...}`, `cast_lm_head_to_fp32=False`)."
+        )
+    base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+    backend = VLLMServerBackend(base_url, master, timeout=args.vllm_server_timeout)
+    backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."), checkpoint=resumed_from)
+    return backend

@@ -1,0 +1,60 @@
+"""Population-parallel ES across processes: the distributed concerns of an ES step, in one place.
+
+Every process sees the whole prompt batch of the step and evaluates its share of the population: in round `j`,
+process `r` evaluates member `j * P + r`. Because every process runs the same number of rounds, the collectives that
+score a round (TRL's reward gather) line up, and each round's gathered rewards are exactly the rewards of members
+`jP .. jP + P - 1` in order. Every process then applies the same update from (seeds, coefficients), summed in member
+order, so the weights do not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, gather_object
+
+from .consistency import master_digest
+from .master import MasterWeights
+from .noise import Member
+
+
+def whole_batch(accelerator: Accelerator, local_inputs: list) -> list:
+    """The step's whole prompt batch on every process (the dataloader gave each process a shard of it)."""
+    if accelerator.num_processes == 1:
+        return local_inputs
+    return gather_object(local_inputs)
+
+
+def check_population_divides(population_size: int, num_processes: int) -> None:
+    if population_size % num_processes:
+        lower = population_size - population_size % num_processes
+        raise ValueError(
+            f"population_size ({population_size}) must be a multiple of the number of processes ({num_processes}), "
+            f"so that every process evaluates the same number of members. Use {lower or num_processes} or "
+            f"{lower + num_processes}."
+        )
+
+
+def members_of_this_process(accelerator: Accelerator, members: list[Member]) -> list[Member]:
+    """This process's members, one per round: `members[round * P + rank]`."""
+    return members[accelerator.process_index :: accelerator.num_processes]
+
+
+def from_process(accelerator: Accelerator, value, owner: int):
+    """`value` as held by process `owner`, on every process."""
+    if accelerator.num_processes == 1:
+        return value
+    payload = [value]
+    broadcast_object_list(payload, from_process=owner)
+    return payload[0]
+
+
+def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int) -> None:
+    """Fail loudly if the processes' masters are not bitwise identical."""
+    if accelerator.num_processes == 1:
+        return
+    digests = gather_object([master_digest(master.tensors)])
+    if len(set(digests)) > 1:
+        raise RuntimeError(
+            f"At step {step} the processes' ES masters disagree (digests by rank: {digests}). Every process must "
+            "apply the same update; check that all of them run the same code, seed and data."
+        )

@@ -1,0 +1,95 @@
+"""The float32 master copy of the evolving parameters: the single source of truth of an ES run.
+
+Members are written from the master (`cast(master + sign * sigma * eps)`) and the centre is restored by copying the
+master, never by adding and then subtracting noise: in bf16 that round trip leaves ~7.5% of the weights changed after
+one cycle. The update is accumulated and applied in float32, because a bf16 step of lr=5e-4 is lost on ~37% of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from .noise import Member, parameter_noise
+
+
+class MasterWeights:
+    """Float32 copies of named parameters, with the ES perturbation and update rules: the centre of the population.
+
+    Args:
+        parameters (`dict[str, torch.Tensor]`):
+            The evolving parameters by name. Their values are copied; the master never writes into them.
+        sigma (`float`):
+            Noise scale of the members: member `(seed, sign)` is `master + sign * sigma * eps(seed)`. It lives here,
+            next to the noise, so every backend writes or adds the same perturbation.
+        share_float32 (`bool`, *optional*, defaults to `False`):
+            Use float32 parameters themselves as their master instead of copying them, so updates land in them
+            directly. Only valid when the parameters always hold the centre (members are generated elsewhere): it
+            saves a float32 copy of the model.
+    """
+
+    def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, share_float32: bool = False):
+        self.sigma = sigma
+        self.tensors = {
+            name: param.detach() if share_float32 and param.dtype == torch.float32 else param.detach().float().clone()
+            for name, param in parameters.items()
+        }
+
+    def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield `(name, master + sign * sigma * eps)` one tensor at a time (float32), so the noise of a whole model
+        is never held at once."""
+        for name, master in self.tensors.items():
+            noise = parameter_noise(member.seed, name, master.shape, master.device)
+            yield name, noise.mul_(member.sign * self.sigma).add_(master)
+
+    def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
+        """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
+        master = self.tensors[name]
+        direction = torch.zeros_like(master)
+        for seed, coefficient in coefficients.items():
+            if coefficient != 0.0:
+                direction.add_(parameter_noise(seed, name, master.shape, master.device), alpha=coefficient)
+        return direction
+
+    def is_frozen(self, name: str) -> bool:
+        """Whether tensor `name` is kept fixed: neither perturbed nor updated (every tensor evolves here)."""
+        return False
+
+    def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float = 0.0) -> float:
+        """`master <- master * (1 - lr * weight_decay) + lr * direction` for every tensor that is not frozen; returns
+        the L2 norm of `lr * direction`."""
+        squared_norm = 0.0
+        for name, master in self.tensors.items():
+            if self.is_frozen(name):
+                continue
+            step = self.update_direction(name, coefficients).mul_(lr)
+            if weight_decay:
+                master.mul_(1.0 - lr * weight_decay)
+            master.add_(step)
+            squared_norm += float(step.double().pow(2).sum())
+        return math.sqrt(squared_norm)
+
+    def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
+        """`||master - reference|| / ||reference||` over all tensors (0 when the reference is all zeros)."""
+        diff, base = 0.0, 0.0
+        for name, master in self.tensors.items():
+            ref = reference[name].to(device=master.device, dtype=torch.float32)
+            diff += float((master - ref).double().pow(2).sum())
+            base += float(ref.double().pow(2).sum())
+        return math.sqrt(diff / base) if base > 0 else 0.0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        missing = sorted(set(self.tensors) - set(tensors))
+        unexpected = sorted(set(tensors) - set(self.tensors))
+        if missing or unexpected:
+            raise ValueError(
+                f"The saved ES master does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}. "
+                "Resume with the same model (and PEFT configuration) that wrote the checkpoint."
+            )
+        for name, master in self.tensors.items():
+            master.copy_(tensors[name])

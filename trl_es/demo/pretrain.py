@@ -1,0 +1,119 @@
+"""Train the embedded demo model from scratch: a small Qwen2 that can do a little arithmetic, so ES has work to do.
+
+    python -m trl_es.demo.pretrain --output_dir trl_es/demo/model
+
+Supervised next-token training on the `pretrain` split of `trl_es.tasks.arithmetic` (loss on the answer tokens only),
+stopped early on purpose: the model answers a fraction of held-out problems, and ES then raises that fraction with the
+verifier's reward alone. Deterministic: a fixed seed, one thread and a fixed number of steps give the same weights
+bit for bit with the same torch build (a few minutes on one CPU core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from ..tasks.arithmetic import problem, prompt_of
+from ..testing import build_tiny_qwen2, build_tiny_tokenizer
+
+TOKENIZER_CORPUS_SIZE = 2000
+MISREAD_FRACTION = 0.5
+
+
+def written_answer(index: int) -> int:
+    """The answer the pretraining text gives to problem `index`: a careless solver misreads the operation half of the
+    time, so the model learns both readings and the verifier's reward has something to choose between."""
+    drawn = problem("pretrain", index)
+    misread = random.Random(f"misread-{index}").random() < MISREAD_FRACTION
+    return drawn.misread_answer if misread else drawn.answer
+
+
+def training_texts(tokenizer, size: int, seed: int) -> list[tuple[list[int], int]]:
+    """(token ids, number of prompt tokens) of `size` pretraining problems."""
+    examples = []
+    for index in range(size):
+        prompt_ids = tokenizer(prompt_of(problem("pretrain", index).question))["input_ids"]
+        answer_ids = tokenizer(f" {written_answer(index)}")["input_ids"] + [tokenizer.eos_token_id]
+        examples.append((prompt_ids + answer_ids, len(prompt_ids)))
+    random.Random(seed).shuffle(examples)
+    return examples
+
+
+def _batch(examples: list[tuple[list[int], int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), length), pad_token_id)
+    labels = torch.full((len(examples), length), -100)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, (ids, prompt_length) in enumerate(examples):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])  # learn the answer only
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+@contextmanager
+def _one_thread():
+    """One CPU thread (a fixed reduction order: the same weights on every run), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pretrain(
+    output_dir: str | Path,
+    max_steps: int = 4000,
+    batch_size: int = 64,
+    learning_rate: float = 3e-3,
+    num_examples: int = 50_000,
+    hidden_size: int = 128,
+    num_hidden_layers: int = 4,
+    seed: int = 0,
+    log=print,
+) -> Path:
+    """Build the tokenizer and model, train them for `max_steps` and save both to `output_dir`."""
+    corpus = [prompt_of(problem("pretrain", i).question) for i in range(TOKENIZER_CORPUS_SIZE)]
+    corpus += [f" {number}" for number in range(100)]
+    tokenizer = build_tiny_tokenizer(vocab_size=512, corpus=corpus, individual_digits=True)
+    model = build_tiny_qwen2(tokenizer, seed=seed, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
+    examples = training_texts(tokenizer, num_examples, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
+    model.train()
+    with _one_thread():
+        for step in range(max_steps):
+            start = (step * batch_size) % (len(examples) - batch_size)
+            loss = model(**_batch(examples[start : start + batch_size], tokenizer.pad_token_id)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            warmup.step()
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % 100 == 0:
+                log(f"step {step + 1}/{max_steps}  loss {loss.item():.4f}")
+    output_dir = Path(output_dir)
+    model.eval()
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", required=True, help="Where to save the model and tokenizer.")
+    parser.add_argument(
+        "--max_steps", type=int, default=4000, help="Optimizer steps (the model stops early on purpose)."
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the initialisation and the data order.")
+    args = parser.parse_args(argv)
+    pretrain(args.output_dir, max_steps=args.max_steps, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Held-out coverage evaluation during training, with the same metric names for ESTrainer and GRPOTrainer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from datasets import Dataset
+from transformers import Trainer, TrainerCallback
+
+from .trainer_coverage import measure_trainer
+
+
+class CoverageEvalCallback(TrainerCallback):
+    r"""
+    A [`~transformers.TrainerCallback`] that measures the trainer's model on held-out sets every `eval_steps` steps
+    and logs `eval_<set>_greedy_accuracy`, `eval_<set>_pass@k`, `eval_<set>_maj@k` and `eval_<set>_entropy`.
+
+    ES and GRPO runs given the same callback log the same names on the same sets, so their coverage can be compared
+    step by step; with ESTrainer the model measured is the centre of the population (its weights between steps), not
+    a perturbed member. Completions come from the trainer's vLLM engine when it generates with one (colocate; an
+    ESTrainer's server too), and from `model.generate` otherwise; the prompts are split across processes.
+
+    Usage:
+    ```python
+    >>> trainer = ESTrainer(...)  # or GRPOTrainer(...)
+    >>> sets = {"arithmetic": test_set, "held_out": other_set}
+    >>> trainer.add_callback(CoverageEvalCallback(trainer, sets, extract_answer, eval_steps=50))
+    ```
+
+    Args:
+        trainer ([`~transformers.Trainer`]):
+            The trainer whose model is measured and through which the metrics are logged.
+        eval_datasets (`Dataset` or `dict[str, Dataset]`):
+            Held-out sets with a `prompt` column (plain text or conversational) and, with `extract_answer`, an answer
+            column. One dataset logs `eval_<metric>`; a dict logs `eval_<name>_<metric>` for each set (e.g. a target
+            task and a task that measures forgetting).
+        extract_answer (`Callable[[str], str | None]`, *optional*):
+            The verifier's answer extractor: completion text to answer (None when there is none), compared with the
+            answer column as text; the answers also decide Maj@k. Without it, a completion is correct when the
+            trainer's reward functions give it a positive weighted reward (the sets' other columns reach them as in
+            training), and Maj@k is not logged.
+        ks (`Sequence[int]`, *optional*, defaults to `(1, 4, 16)`):
+            The k of Pass@k and Maj@k.
+        samples_per_prompt (`int`, *optional*):
+            Sampled completions per prompt; defaults to `max(ks)`.
+        temperature (`float`, *optional*, defaults to `1.0`):
+            Sampling temperature of the Pass@k samples (greedy accuracy is measured separately).
+        max_new_tokens (`int`, *optional*):
+            Completion length; defaults to the trainer's `max_completion_length`.
+        eval_steps (`int`, *optional*):
+            Evaluate every this many steps; defaults to the trainer's `eval_steps`, else `logging_steps`. Also at the
+            start (step 0) and at the end of training.
+        answer_column (`str`, *optional*, defaults to `"answer"`):
+            Column of the reference answers.
+    """
+
+    def __init__(
+        self,
+        trainer,
+        eval_datasets: Dataset | dict[str, Dataset],
+        extract_answer: Callable[[str], str | None] | None = None,
+        ks: Sequence[int] = (1, 4, 16),
+        samples_per_prompt: int | None = None,
+        temperature: float = 1.0,
+        max_new_tokens: int | None = None,
+        eval_steps: int | None = None,
+        answer_column: str = "answer",
+    ):
+        self.trainer = trainer
+        named = eval_datasets if isinstance(eval_datasets, dict) else {"": eval_datasets}
+        for name, dataset in named.items():
+            missing = {"prompt", *([answer_column] if extract_answer else [])} - set(dataset.column_names)
+            if missing:
+                raise ValueError(
+                    f"Eval set {name or 'eval_datasets'!r} has no column {sorted(missing)}; it needs `prompt` and, to "
+                    f"compare extracted answers, `{answer_column}` (set answer_column= to use another column)."
+                )
+        self.eval_datasets = named
+        self.extract_answer = extract_answer
+        self.ks = tuple(ks)
+        self.samples_per_prompt = samples_per_prompt or max(self.ks)
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens or getattr(trainer.args, "max_completion_length", 64)
+        self.eval_steps = eval_steps or trainer.args.eval_steps or trainer.args.logging_steps
+        self.answer_column = answer_column
+        self._last_step = -1
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._evaluate(state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0:
+            self._evaluate(state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._evaluate(state)
+
+    def evaluate(self) -> dict[str, float]:
+        """Measure the trainer's model on every eval set now; returns the metrics under their logged names."""
+        metrics = {}
+        for name, dataset in self.eval_datasets.items():
+            report = measure_trainer(
+                self.trainer,
+                dataset,
+                self.ks,
+                self.extract_answer,
+                answer_column=self.answer_column,
+                samples_per_prompt=self.samples_per_prompt,
+                temperature=self.temperature,
+                max_new_tokens=self.max_new_tokens,
+            )
+            prefix = f"eval_{name}_" if name else "eval_"
+            metrics.update({prefix + metric: value for metric, value in report.as_dict().items()})
+        return metrics
+
+    def _evaluate(self, state) -> None:
+        if state.global_step == self._last_step:  # the last step's on_step_end already measured it
+            return
+        self._last_step = state.global_step
+        # Trainer.log, not the trainer's own: GRPOTrainer.log (and so ESTrainer's) would flush the step metrics it is
+        # averaging into this entry. Logging also clears `should_log`, which the step's own log still needs.
+        should_log = self.trainer.control.should_log
+        Trainer.log(self.trainer, self.evaluate())
+        self.trainer.control.should_log = should_log

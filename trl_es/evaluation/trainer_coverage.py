@@ -1,0 +1,129 @@
+"""Coverage evaluation of a trainer's current model, shared by ESTrainer's own evaluation and CoverageEvalCallback.
+
+The model measured is what the trainer generates with: the centre of the population for ESTrainer (never a perturbed
+member), the policy for GRPOTrainer. Completions come from the trainer's vLLM engine when it has one, and from
+`model.generate` otherwise. The eval prompts are split across processes and the outcomes gathered, so every process
+returns the same report.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+from accelerate.utils import gather_object
+from datasets import Dataset
+from trl.data_utils import is_conversational, maybe_apply_chat_template
+
+from ..trl_compat import sync_engine_weights
+from .coverage import (
+    CoverageReport,
+    Judge,
+    Sampler,
+    TransformersSampler,
+    Verdict,
+    VLLMEngineSampler,
+    answer_judge,
+    measure_prompts,
+    summarize,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def sampler_for(trainer) -> Sampler:
+    """The generation path of `trainer`, holding the weights it trains (see the module docstring). A trainer that
+    knows its own (`ESTrainer.coverage_sampler`) says so."""
+    if hasattr(trainer, "coverage_sampler"):
+        return trainer.coverage_sampler()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not getattr(trainer, "use_vllm", False):
+        return TransformersSampler(model, trainer.processing_class)
+    if trainer.vllm_mode == "colocate":
+        sync_engine_weights(trainer)
+        return VLLMEngineSampler(trainer.vllm_generation.llm)
+    logger.warning(
+        "GRPOTrainer in vllm_mode='server': coverage is measured with model.generate on the policy, not the server."
+    )
+    return TransformersSampler(model, trainer.processing_class)
+
+
+def reward_judge(trainer, dataset: Dataset, success_threshold: float) -> Judge:
+    """Correct when the completion's weighted reward from the trainer's reward functions is above
+    `success_threshold` (as in training, `None` rewards are skipped; a completion no function scored is a failure).
+    Extracts no answers, so Maj@k is not measured."""
+    functions = trainer.reward_funcs
+    unsupported = [f for f in functions if not callable(f) or isinstance(f, torch.nn.Module)]
+    unsupported += [f for f in functions if inspect.iscoroutinefunction(f)]
+    if unsupported:
+        raise NotImplementedError(
+            f"Coverage evaluation judges with plain reward functions, not {unsupported[0]!r} (a reward model or an "
+            "async function). Set `eval_answer_extractor` (ESConfig) or pass `extract_answer` (CoverageEvalCallback) "
+            "to judge by the reference answers instead."
+        )
+    weights = trainer.reward_weights.tolist()
+
+    def judge(index: int, texts: list[str], completion_ids: list[list[int]]) -> Verdict:
+        example = dataset[index]
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(example) else texts
+        columns = {key: [value] * len(texts) for key, value in example.items() if key not in ("prompt", "completion")}
+        total = torch.zeros(len(texts))
+        scored = torch.zeros(len(texts), dtype=torch.bool)
+        for function, weight in zip(functions, weights, strict=True):
+            rewards = function(
+                prompts=[example["prompt"]] * len(texts),
+                completions=completions,
+                completion_ids=completion_ids,
+                trainer_state=trainer.state,
+                **columns,
+            )
+            for row, reward in enumerate(rewards):
+                if reward is not None:
+                    total[row] += weight * reward
+                    scored[row] = True
+        return Verdict((scored & (total > success_threshold)).tolist())
+
+    return judge
+
+
+def measure_trainer(
+    trainer,
+    dataset: Dataset,
+    ks: Sequence[int],
+    extract_answer: Callable[[str], str | None] | None = None,
+    answer_column: str = "answer",
+    success_threshold: float = 0.0,
+    samples_per_prompt: int | None = None,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    seed: int = 1234,
+) -> CoverageReport:
+    """Coverage of `trainer`'s current model on `dataset` (a `prompt` column, plain text or conversational).
+
+    With `extract_answer`, a completion is correct when its extracted answer equals the `answer_column` entry, and
+    Maj@k is measured; without, when its weighted reward is above `success_threshold`.
+    """
+    tokenizer = trainer.processing_class
+    if extract_answer is not None:
+        judge = answer_judge(dataset[answer_column], extract_answer)
+    else:
+        judge = reward_judge(trainer, dataset, success_threshold)
+    state = trainer.accelerator.state
+    indices = list(range(state.process_index, len(dataset), state.num_processes))
+    prompts = [maybe_apply_chat_template({"prompt": dataset[i]["prompt"]}, tokenizer)["prompt"] for i in indices]
+    prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+    outcomes = measure_prompts(
+        sampler_for(trainer),
+        trainer.accelerator.unwrap_model(trainer.model),
+        tokenizer,
+        prompt_ids,
+        lambda local, texts, ids: judge(indices[local], texts, ids),
+        samples_per_prompt or max(ks),
+        temperature,
+        max_new_tokens or getattr(trainer.args, "max_completion_length", 64),
+        seed,
+    )
+    gathered = gather_object(list(zip(indices, outcomes, strict=True)))
+    return summarize([outcome for _, outcome in sorted(gathered, key=lambda pair: pair[0])], ks)

@@ -1,5 +1,0 @@
-"""Training scripts that `trl-es <command>` runs through `accelerate launch`, in the shape of TRL's `trl/scripts/`.
-
-Each script exposes `make_parser(prog=...)` and `main(...)`, and runs on its own too:
-`accelerate launch trl_es/scripts/es.py --help`.
-"""

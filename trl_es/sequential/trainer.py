@@ -1,0 +1,170 @@
+"""SequentialTrainer: run ES and GRPO stages one after the other, each from the previous stage's checkpoint.
+
+The paper's best Pass@32 came from ES followed by GRPO (arXiv 2608.27351). Each stage is a plain ESTrainer or
+GRPOTrainer run in `output_dir/stage-<i>-<es|grpo>`; its final model is saved in `final/` of that folder, and the next
+stage loads it from there, so every hand-over is an ordinary Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.state import AcceleratorState
+from trl import GRPOConfig, GRPOTrainer
+
+from ..backends.vllm_colocate import release_vllm_engine
+from ..core.checkpoint import last_complete_checkpoint
+from ..trainer.es_config import ESConfig
+from ..trainer.es_trainer import ESTrainer
+from ..trainer.model_card import generate_sequential_model_card, stage_hyperparameters
+
+FINAL_DIR = "final"
+
+
+@dataclass
+class Stage:
+    """One stage: its config (an [`ESConfig`] runs ES, a [`~trl.GRPOConfig`] runs GRPO) and, optionally, its own
+    datasets instead of the SequentialTrainer's."""
+
+    args: ESConfig | GRPOConfig
+    train_dataset: Any = None
+    eval_dataset: Any = None
+
+    @property
+    def method(self) -> str:
+        return "es" if isinstance(self.args, ESConfig) else "grpo"
+
+
+class SequentialTrainer:
+    r"""
+    Runs ES and GRPO stages in sequence (ES→GRPO, GRPO→ES, or any order and length).
+
+    Args:
+        model (`str`):
+            Path or Hub id of the starting model.
+        stages (`list` of [`ESConfig`], [`~trl.GRPOConfig`] or [`Stage`]):
+            The stages in order. The type of each config picks the trainer. A stage's `output_dir` is replaced by
+            `output_dir/stage-<i>-<es|grpo>`.
+        output_dir (`str`):
+            Folder of the whole run.
+        reward_funcs, train_dataset, eval_dataset, processing_class, reward_processing_classes, callbacks:
+            As for [`ESTrainer`] and [`~trl.GRPOTrainer`]; passed to every stage (a [`Stage`] may override the
+            datasets).
+
+    Interrupted runs resume: a stage whose `final/` model exists is skipped, and the running stage resumes from its
+    last complete checkpoint. Between stages the trainer is dropped and its resources released (a colocated vLLM
+    engine, the Accelerate and DeepSpeed state) before the next one starts, so several colocate stages run in one
+    process.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        stages: list[ESConfig | GRPOConfig | Stage],
+        output_dir: str,
+        reward_funcs=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+    ):
+        if not isinstance(model, (str, Path)):
+            raise TypeError(
+                "SequentialTrainer takes the starting model as a path or Hub id, because every stage loads its model "
+                f"from a checkpoint; got {type(model).__name__}. Save the model with `save_pretrained` first."
+            )
+        if not stages:
+            raise ValueError("stages is empty: give at least one ESConfig or GRPOConfig.")
+        self.model = str(model)
+        self.stages = [stage if isinstance(stage, Stage) else Stage(stage) for stage in stages]
+        for index, stage in enumerate(self.stages):
+            if not isinstance(stage.args, GRPOConfig):
+                raise TypeError(f"Stage {index} must be an ESConfig or a GRPOConfig, got {type(stage.args).__name__}.")
+        self.output_dir = Path(output_dir)
+        self.shared = dict(
+            reward_funcs=reward_funcs,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+        )
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+
+    def stage_dir(self, index: int) -> Path:
+        return self.output_dir / f"stage-{index}-{self.stages[index].method}"
+
+    def final_model(self, index: int) -> Path:
+        return self.stage_dir(index) / FINAL_DIR
+
+    def train(self) -> Path:
+        """Run the stages that have not finished; returns the folder of the final model, with its model card."""
+        model = self.model
+        for index, stage in enumerate(self.stages):
+            final = self.final_model(index)
+            if not (final / "config.json").is_file():
+                self._run_stage(index, stage, model)
+            model = str(final)
+        self.create_model_card()
+        return Path(model)
+
+    def create_model_card(self) -> None:
+        """Write `README.md` in the final model's folder: every stage with its method and hyperparameters."""
+        base_model = None if Path(self.model).is_dir() else self.model
+        stages = [{"method": s.method.upper(), "hyperparameters": stage_hyperparameters(s.args)} for s in self.stages]
+        card = generate_sequential_model_card(
+            base_model=base_model,
+            model_name=self.output_dir.name,
+            stages=stages,
+            tags=["trl", "trl-es", *sorted({s.method for s in self.stages})],
+        )
+        card.save(self.final_model(len(self.stages) - 1) / "README.md")
+
+    def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None) -> None:
+        """Push the final model (and its card) to `repo_id`; with `include_stages`, also every stage's final model
+        under `stage-<i>-<method>/`."""
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(self.final_model(len(self.stages) - 1)))
+        if include_stages:
+            for index in range(len(self.stages)):
+                api.upload_folder(
+                    repo_id=repo_id, folder_path=str(self.final_model(index)), path_in_repo=self.stage_dir(index).name
+                )
+
+    def _run_stage(self, index: int, stage: Stage, model: str) -> None:
+        args = copy.copy(stage.args)  # not dataclasses.replace: that would re-run the configs' __post_init__
+        args.output_dir = str(self.stage_dir(index))
+        trainer_class = ESTrainer if stage.method == "es" else GRPOTrainer
+        trainer = trainer_class(
+            model=model,
+            args=args,
+            train_dataset=stage.train_dataset if stage.train_dataset is not None else self.train_dataset,
+            eval_dataset=stage.eval_dataset if stage.eval_dataset is not None else self.eval_dataset,
+            **self.shared,
+        )
+        trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
+        trainer.save_model(str(self.final_model(index)))
+        if trainer.accelerator.is_main_process:
+            trainer.processing_class.save_pretrained(str(self.final_model(index)))
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.free_memory()  # drops the prepared model and optimizer, destroys a DeepSpeed engine
+        release_vllm_engine(trainer)  # now, not whenever the trainer is collected: the next stage may start its own
+        AcceleratorState._reset_state()  # the next stage's Accelerator takes its own DeepSpeed plugin and precision
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _resume_point(self, index: int, stage: Stage) -> str | None:
+        if stage.method == "es":
+            return last_complete_checkpoint(self.stage_dir(index))
+        from transformers.trainer_utils import get_last_checkpoint
+
+        return get_last_checkpoint(str(self.stage_dir(index))) if self.stage_dir(index).is_dir() else None

@@ -1,0 +1,1 @@
+"""`ESConfig` and `ESTrainer`: GRPO's public surface, trained with Evolution Strategies."""

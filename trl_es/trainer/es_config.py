@@ -1,0 +1,437 @@
+"""ESConfig: GRPOConfig's fields plus the Evolution Strategies hyperparameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..core.fitness import FITNESS_SHAPINGS
+from ..core.lowrank import OTHER_PARAMETERS
+
+PERTURBATIONS = ("full", "lowrank")
+
+# Fields of GRPOConfig that only shape GRPO's policy-gradient loss. ES has no such loss, so setting one is a no-op
+# that deserves a warning rather than silence.
+GRPO_ONLY_FIELDS = (
+    "beta",
+    "num_iterations",
+    "epsilon",
+    "delta",
+    "epsilon_high",
+    "sapo_temperature_neg",
+    "sapo_temperature_pos",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "importance_sampling_level",
+    "scale_rewards",
+    "loss_type",
+    "mask_truncated_completions",
+    "sync_ref_model",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "top_entropy_quantile",
+    "entropy_coef",
+    "use_adaptive_entropy",
+    "entropy_coef_min",
+    "entropy_coef_max",
+    "entropy_coef_delta",
+    "entropy_target",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "off_policy_mask_threshold",
+    "use_bias_correction_kl",
+    "multi_objective_aggregation",
+)
+
+# Fields that GRPOConfig.__post_init__ fills in from others: their values are GRPO's choice, not the user's.
+_DERIVED_FIELDS = ("generation_batch_size", "activation_checkpointing", "gradient_checkpointing")
+
+
+def _field_default(config_class: type, name: str):
+    spec = config_class.__dataclass_fields__[name]
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
+class _OneCompletionPerPrompt(int):
+    """Stands in for `num_generations=1` while GRPOConfig validates.
+
+    GRPOConfig rejects fewer than two completions per prompt because GRPO's advantages need a group; ES scores members,
+    not completions, so one is valid. This value passes GRPO's group-size check and, like 1, divides every batch size.
+    """
+
+    def __new__(cls):
+        return super().__new__(cls, 2)
+
+    def __rmod__(self, other):
+        return 0
+
+
+@dataclass
+class ESConfig(GRPOConfig):
+    r"""
+    Configuration class for the [`ESTrainer`].
+
+    Subclasses [`~trl.GRPOConfig`], so every GRPO field (generation, vLLM, rewards, logging and
+    [`~transformers.TrainingArguments`]) keeps its name and meaning. Fields that only shape GRPO's loss (`beta`,
+    `epsilon`, `loss_type`, `num_iterations`, ...) are accepted and ignored, with a warning when set.
+
+    One ES step evaluates `population_size` perturbed copies of the model ("members") on the same prompt batch, scores
+    each member by its mean reward, shapes the scores and moves the parameters by
+    `learning_rate * (1/N) * sum_i z_i * eps_i`. The `1/sigma` of the gradient estimate is folded into `learning_rate`
+    (Qiu et al., arXiv 2509.24372).
+
+    Parameters:
+        > Evolution Strategies
+
+        population_size (`int`, *optional*, defaults to `30`):
+            Number of perturbed members evaluated per ES step (N). Smaller populations suffice for larger models
+            (N=16 is within 0.01 reward of N=64 at 1.5B/3B parameters, arXiv 2608.27351).
+        sigma (`float`, *optional*, defaults to `1e-3`):
+            Standard deviation of the Gaussian parameter noise.
+        antithetic (`bool`, *optional*, defaults to `False`):
+            Use mirrored pairs `(+eps, -eps)` (two-point estimator). Requires an even `population_size`. The source
+            paper found no advantage over the one-point estimator on generated answers.
+        fitness_shaping (`str`, *optional*, defaults to `"zscore"`):
+            How member fitness is normalised before the update: `"zscore"` (paper), `"centered_rank"` (OpenAI ES) or
+            `"none"` (mean-centred only). Equal fitness always gives a zero update.
+        perturbation (`str`, *optional*, defaults to `"full"`):
+            `"full"`: each member perturbs every evolving parameter with full-rank Gaussian noise. `"lowrank"`
+            (EGGROLL, arXiv 2511.16652): each `nn.Linear`/`nn.Embedding` weight gets `sigma * A @ B.T / sqrt(r)`
+            with `A`, `B` of rank `lowrank_rank` drawn from the member's seed, and the whole population generates in
+            one batched call: with `model.generate`, forward hooks add each row's own low-rank term (the weights are
+            never written); with vLLM (colocate), each member is a LoRA adapter and only the decoder's Linear
+            projections evolve (set `lowrank_other_parameters="frozen"`). The update is the full-rank sum of the
+            members' low-rank terms.
+        lowrank_rank (`int`, *optional*, defaults to `1`):
+            Rank `r` of each member's perturbation of each matrix (EGGROLL uses 1).
+        lowrank_other_parameters (`str`, *optional*, defaults to `"full"`):
+            What the other evolving parameters (norm weights, biases) do with `perturbation="lowrank"`: `"full"`
+            gets full-rank noise as full-rank members do (norm modules are re-run per member in the batch),
+            `"frozen"` keeps them fixed (neither perturbed nor updated).
+        population_batch_size (`int`, *optional*):
+            With `perturbation="lowrank"`: how many members generate together in one call (each call has
+            `population_batch_size x` the prompt batch's rows; with vLLM it is also the engine's number of LoRA slots).
+            Defaults to all of a process's members; lower it if the batch does not fit in memory.
+        consistency_check_steps (`int`, *optional*, defaults to `1`):
+            Every this many steps (and at the last one), check that the copies of the weights that generation reads
+            (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
+            raise if not. The check hashes the master (server) or sums the engine's weights (colocate); raise it on
+            large models if that shows in `step_time`. 0 disables it.
+
+        > Coverage evaluation (with an `eval_dataset`)
+
+        eval_ks (`list[int]`, *optional*):
+            The k of Pass@k and Maj@k. When set, every evaluation also samples `max(eval_ks)` completions of each
+            eval prompt from the centre (not a perturbed member), through vLLM when training uses it, and logs
+            `eval_pass@k`, `eval_maj@k`, `eval_greedy_accuracy` and `eval_entropy` (mean token entropy, nats).
+        eval_temperature (`float`, *optional*, defaults to `1.0`):
+            Sampling temperature of those completions (greedy accuracy is measured separately).
+        eval_answer_extractor (`str`, *optional*):
+            Import path of a function from completion text to answer (None when there is none), e.g.
+            `"trl_es.tasks.arithmetic.extract_answer"`. A completion is then correct when its answer equals the eval
+            set's `answer` column, and the answers decide Maj@k. Without it, a completion is correct when its weighted
+            reward is above `success_reward_threshold`, and Maj@k is not logged.
+        success_reward_threshold (`float`, *optional*, defaults to `0.0`):
+            A completion whose weighted reward is above this counts as a success: in `es/js_diversity` and, without
+            `eval_answer_extractor`, in the coverage evaluation.
+
+        > Fields whose defaults differ from [`~trl.GRPOConfig`]
+
+        learning_rate (`float`, *optional*, defaults to `5e-4`):
+            ES step size alpha (= sigma / 2 in the anchor paper). The scheduler in `lr_scheduler_type` applies to it.
+        lr_scheduler_type (`str`, *optional*, defaults to `"constant"`):
+            The anchor paper keeps alpha constant.
+        num_generations (`int`, *optional*, defaults to `1`):
+            Completions per prompt for each member. More than one only makes sense with `temperature > 0`.
+        temperature (`float`, *optional*, defaults to `0.0`):
+            Sampling temperature; `0.0` decodes greedily (the anchor paper's choice). With sampling, all members of a
+            step share the same sampling seeds (common random numbers), so fitness differences come from the
+            parameters rather than from sampling luck.
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            Dropout would add noise unrelated to the perturbation to every member's fitness.
+        activation_checkpointing (`bool`, *optional*, defaults to `False`):
+            ES has no backward pass, so there is nothing to checkpoint (TRL turns it on for GRPO).
+        bf16 (`bool`, *optional*, defaults to `False`):
+            Mixed precision has no effect on ES (no backward pass). Members generate in the model's dtype: pass
+            `model_init_kwargs={"dtype": "bfloat16"}` for bf16 generation; the float32 master keeps the update exact.
+    """
+
+    population_size: int = field(
+        default=30,
+        metadata={"help": "Number of perturbed members evaluated per ES step (N)."},
+    )
+    sigma: float = field(
+        default=1e-3,
+        metadata={"help": "Standard deviation of the Gaussian parameter noise."},
+    )
+    antithetic: bool = field(
+        default=False,
+        metadata={"help": "Use mirrored noise pairs (+eps, -eps), the two-point estimator. Needs an even population."},
+    )
+    fitness_shaping: str = field(
+        default="zscore",
+        metadata={
+            "help": "How member fitness is normalised before the update.",
+            "choices": list(FITNESS_SHAPINGS),
+        },
+    )
+    perturbation: str = field(
+        default="full",
+        metadata={"help": "Member noise: full-rank, or low-rank (EGGROLL) matrices.", "choices": list(PERTURBATIONS)},
+    )
+    lowrank_rank: int = field(
+        default=1,
+        metadata={"help": "Rank of each member's perturbation of each matrix with perturbation='lowrank'."},
+    )
+    lowrank_other_parameters: str = field(
+        default="full",
+        metadata={
+            "help": "With perturbation='lowrank': full-rank noise for norms and biases, or keep them frozen.",
+            "choices": list(OTHER_PARAMETERS),
+        },
+    )
+    population_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Low-rank members generating together in one call; default: all of a process's members."},
+    )
+
+    consistency_check_steps: int = field(
+        default=1,
+        metadata={
+            "help": "Every this many steps (and at the last one), check that every copy of the weights (vLLM "
+            "engine or server) agrees with the master, and fail loudly if not. 0 disables the check."
+        },
+    )
+
+    eval_ks: list[int] | None = field(
+        default=None,
+        metadata={"help": "The k of Pass@k and Maj@k logged at every evaluation (e.g. 1 4 16); unset: not measured."},
+    )
+    eval_temperature: float = field(
+        default=1.0,
+        metadata={"help": "Sampling temperature of the Pass@k / Maj@k completions."},
+    )
+    eval_answer_extractor: str | None = field(
+        default=None,
+        metadata={
+            "help": "Import path of a function from completion text to answer, compared with the eval set's `answer` "
+            "column. Without it, correctness is a weighted reward above `success_reward_threshold`."
+        },
+    )
+    success_reward_threshold: float = field(
+        default=0.0,
+        metadata={"help": "A completion whose weighted reward is above this counts as a success."},
+    )
+
+    # Defaults that differ from GRPOConfig
+    learning_rate: float = field(
+        default=5e-4,
+        metadata={"help": "ES step size alpha (the 1/sigma of the gradient estimate is folded in)."},
+    )
+    lr_scheduler_type: str = field(
+        default="constant",
+        metadata={"help": "Schedule of the ES step size; the anchor paper keeps it constant."},
+    )
+    num_generations: int | None = field(
+        default=1,
+        metadata={"help": "Completions per prompt for each member; more than one needs temperature > 0."},
+    )
+    temperature: float = field(
+        default=0.0,
+        metadata={"help": "Sampling temperature; 0.0 decodes greedily (the anchor paper's choice)."},
+    )
+    disable_dropout: bool = field(
+        default=True,
+        metadata={"help": "Disable dropout, which would add noise unrelated to the perturbation to every fitness."},
+    )
+    activation_checkpointing: bool | None = field(
+        default=False,
+        metadata={"help": "ES has no backward pass, so activation checkpointing only slows generation down."},
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers v5)."},
+    )
+    bf16: bool | None = field(
+        default=False,
+        metadata={
+            "help": "Mixed precision has no effect on ES, which runs no backward pass; choose the precision members "
+            "generate in with `model_init_kwargs={'dtype': 'bfloat16'}`."
+        },
+    )
+
+    def __post_init__(self):
+        self._check_es_fields()
+        self._warn_about_grpo_only_fields()
+        num_generations = self.num_generations
+        if num_generations == 1:
+            self.num_generations = _OneCompletionPerPrompt()
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = num_generations
+        if self.steps_per_generation != self.gradient_accumulation_steps:
+            raise ValueError(
+                "ESTrainer evaluates one prompt batch per update, so steps_per_generation "
+                f"({self.steps_per_generation}) must equal gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}). Leave `steps_per_generation` and `generation_batch_size` unset"
+            )
+
+    def _check_es_fields(self):
+        if not isinstance(self.population_size, int) or self.population_size < 2:
+            raise ValueError(
+                f"population_size must be an integer >= 2 (ES compares members), got {self.population_size!r}. "
+                "The anchor papers use 16 to 30."
+            )
+        if self.antithetic and self.population_size % 2:
+            raise ValueError(
+                f"antithetic=True pairs members as (+eps, -eps), so population_size must be even; got "
+                f"{self.population_size}. Use {self.population_size + 1} or set antithetic=False."
+            )
+        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"sigma must be a finite number > 0, got {self.sigma!r}. The anchor paper uses 1e-3.")
+        if self.fitness_shaping not in FITNESS_SHAPINGS:
+            raise ValueError(
+                f"Unknown fitness_shaping={self.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
+            )
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"Unknown perturbation={self.perturbation!r}; use one of {', '.join(PERTURBATIONS)}.")
+        if not isinstance(self.lowrank_rank, int) or self.lowrank_rank < 1:
+            raise ValueError(f"lowrank_rank must be an integer >= 1, got {self.lowrank_rank!r}. EGGROLL uses 1.")
+        if self.lowrank_other_parameters not in OTHER_PARAMETERS:
+            raise ValueError(
+                f"Unknown lowrank_other_parameters={self.lowrank_other_parameters!r}; use one of "
+                f"{', '.join(OTHER_PARAMETERS)}."
+            )
+        if self.population_batch_size is not None and (
+            not isinstance(self.population_batch_size, int) or self.population_batch_size < 1
+        ):
+            raise ValueError(
+                f"population_batch_size must be an integer >= 1 (members per generate call), got "
+                f"{self.population_batch_size!r}. Leave it unset to generate all of a process's members at once."
+            )
+        if not math.isfinite(self.learning_rate) or self.learning_rate < 0:
+            raise ValueError(
+                f"learning_rate (the ES step size) must be a finite number >= 0, got {self.learning_rate!r}."
+            )
+        if self.consistency_check_steps < 0:
+            raise ValueError(
+                f"consistency_check_steps must be >= 0 (0 disables the check), got {self.consistency_check_steps!r}."
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {self.temperature!r}.")
+        if self.eval_ks is not None and (
+            not self.eval_ks or any(not isinstance(k, int) or k < 1 for k in self.eval_ks)
+        ):
+            raise ValueError(
+                f"eval_ks must be a non-empty list of integers >= 1 (e.g. [1, 4, 16]), got {self.eval_ks!r}."
+            )
+        if self.eval_temperature <= 0:
+            raise ValueError(
+                f"eval_temperature must be > 0 (Pass@k needs sampled completions), got {self.eval_temperature!r}."
+            )
+        if self.num_generations is None or self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations!r}.")
+        if self.num_generations > 1 and self.temperature == 0:
+            warnings.warn(
+                f"num_generations={self.num_generations} with greedy decoding (temperature=0) produces "
+                f"{self.num_generations} identical completions per prompt. Set temperature > 0 to sample, or "
+                "num_generations=1.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _warn_about_grpo_only_fields(self):
+        ignored = [
+            f"{name}={getattr(self, name)!r}"
+            for name in GRPO_ONLY_FIELDS
+            if getattr(self, name) != _field_default(GRPOConfig, name)
+        ]
+        if ignored:
+            warnings.warn(
+                f"ESTrainer ignores GRPO loss settings: {', '.join(ignored)}. ES has no policy-gradient loss; remove "
+                "them or use GRPOTrainer.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    @classmethod
+    def from_grpo_config(cls, grpo_config: GRPOConfig) -> ESConfig:
+        """Convert a [`~trl.GRPOConfig`] so that an unmodified GRPO script runs with [`ESTrainer`].
+
+        Every field set to a non-default value is carried over, except GRPO's loss settings (meaningless for ES) and
+        `learning_rate`, which is an AdamW step size in GRPO (typically 1e-6) and would freeze ES; the ES defaults
+        apply to those. A GRPO group (`num_generations > 1`) keeps GRPO's sampling temperature, since greedy decoding
+        would make its completions identical.
+        """
+        skipped = {*GRPO_ONLY_FIELDS, *_DERIVED_FIELDS, "learning_rate"}
+        overrides = {}
+        for spec in dataclasses.fields(GRPOConfig):
+            if not spec.init or spec.name in skipped:
+                continue
+            value = getattr(grpo_config, spec.name)
+            if value != _field_default(GRPOConfig, spec.name):
+                overrides[spec.name] = value
+        if overrides.get("num_generations", 1) > 1:
+            # Several completions per prompt only differ when sampled: keep GRPO's sampling temperature for them.
+            overrides.setdefault("temperature", grpo_config.temperature)
+        return cls(**overrides)
+
+
+# The settings that decide what a run computes from a given checkpoint: resuming with another value of any of them
+# does not continue the original run. (The number of processes is not one: ES gives the same weights on any.)
+RUN_SETTINGS = (
+    "seed",
+    "population_size",
+    "sigma",
+    "antithetic",
+    "fitness_shaping",
+    "learning_rate",
+    "lr_scheduler_type",
+    "weight_decay",
+    "perturbation",
+    "num_generations",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_completion_length",
+    "generation_kwargs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+)
+LOWRANK_RUN_SETTINGS = ("lowrank_rank", "lowrank_other_parameters")
+
+
+def run_settings(args: ESConfig) -> dict[str, object]:
+    """The values of `RUN_SETTINGS` (and the low-rank ones for low-rank runs), JSON-ready, as a checkpoint records
+    them."""
+    names = RUN_SETTINGS + (LOWRANK_RUN_SETTINGS if args.perturbation == "lowrank" else ())
+    return {name: _json_value(getattr(args, name)) for name in names}
+
+
+def changed_run_settings(saved: dict, args: ESConfig) -> dict[str, tuple[object, object]]:
+    """`{name: (saved value, current value)}` for every run setting a checkpoint recorded with another value than
+    `args` has (settings the checkpoint did not record are not compared)."""
+    current = run_settings(args)
+    return {
+        name: (saved[name], value)
+        for name, value in current.items()
+        if name in saved and _json_value(saved[name]) != value
+    }
+
+
+def _json_value(value):
+    """Enums by their value, as JSON stores them, so saved and current settings compare equal."""
+    return getattr(value, "value", value)

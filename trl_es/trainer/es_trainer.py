@@ -1,0 +1,502 @@
+"""ESTrainer: GRPOTrainer's interface, trained with Evolution Strategies instead of a policy gradient.
+
+One ES step (`_es_step`) reads like the method: the step's members, their completions from the backend, the rewards,
+the fitness and its shaping, the update of the centre. Where things live: the ES math in `trl_es/core/`, the ways of
+generating with members in `trl_es/backends/` (chosen once, by `build_population`), prompt and completion handling in
+`rollouts.py`, and every use of TRL's private API in `trl_es/trl_compat.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanstd
+
+from ..backends.base import PhaseTimer
+from ..backends.hf import TokenIds
+from ..backends.population import Population, build_population, check_backend_config, engine_setup
+from ..backends.sampling import SamplingSettings
+from ..core.checkpoint import last_complete_checkpoint, load_es_state, save_es_state
+from ..core.distributed import (
+    check_population_divides,
+    check_ranks_agree,
+    from_process,
+    members_of_this_process,
+    whole_batch,
+)
+from ..core.fitness import member_fitness, shape_fitness, update_coefficients, weighted_rewards
+from ..core.noise import population as population_members
+from ..core.noise import sampling_seed
+from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
+from ..evaluation.metrics import population_diversity
+from ..evaluation.trainer_coverage import measure_trainer
+from ..trl_compat import calculate_rewards, completion_table, logged_metrics, take_reward_logs
+from .es_config import ESConfig, changed_run_settings, run_settings
+from .model_card import es_hyperparameters, generate_es_model_card
+from .rollouts import completion_metrics, decode_completions, tokenize_prompts, tokenizer_of
+from .sampler import EpochSeededRepeatSampler
+
+
+class ESTrainer(GRPOTrainer):
+    r"""
+    Trainer for Evolution Strategies (ES) post-training of language models, with the interface of [`~trl.GRPOTrainer`].
+
+    Replace `GRPOTrainer` with `ESTrainer` (and `GRPOConfig` with [`ESConfig`]) in a GRPO script and it trains with ES:
+    the constructor, the reward-function contract (`prompts`, `completions`, `completion_ids`, dataset columns,
+    `trainer_state`, `log_metric`, async functions, `None` for "no score", reward models as strings,
+    `reward_weights`), the generation fields and the metric names are GRPO's.
+
+    One ES step (one optimizer step of the `Trainer` loop):
+
+    1. draw `population_size` members `theta + sigma * eps_i`, the noise a pure function of (seed, parameter name,
+       shape);
+    2. every member answers the same prompt batch (`num_generations` completions per prompt, shared sampling seeds);
+    3. a member's fitness is the mean of its completions' weighted rewards; the fitness is shaped (`fitness_shaping`);
+    4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy.
+
+    Only parameters with `requires_grad=True` evolve (with `peft_config`, the adapter). No gradients, optimizer state
+    or activations for backpropagation are kept.
+
+    Example:
+
+    ```python
+    >>> from datasets import load_dataset
+    >>> from trl.rewards import accuracy_reward
+    >>> from trl_es import ESConfig, ESTrainer
+
+    >>> dataset = load_dataset("trl-lib/DeepMath-103K", split="train")
+    >>> trainer = ESTrainer(
+    ...     model="Qwen/Qwen2.5-0.5B-Instruct",
+    ...     reward_funcs=accuracy_reward,
+    ...     args=ESConfig(population_size=30, sigma=1e-3, learning_rate=5e-4),
+    ...     train_dataset=dataset,
+    ... )
+    >>> trainer.train()
+    ```
+
+    Args:
+        model, reward_funcs, train_dataset, eval_dataset, processing_class, reward_processing_classes, callbacks,
+        optimizers, quantization_config, peft_config:
+            As in [`~trl.GRPOTrainer`]. The optimizer is never stepped with gradients; its scheduler sets the ES step
+            size from `args.learning_rate`.
+        args ([`ESConfig`] or [`~trl.GRPOConfig`], *optional*):
+            Configuration. A `GRPOConfig` is converted with [`ESConfig.from_grpo_config`] (with a warning), so an
+            unmodified GRPO script runs after the class swap.
+        tools, environment_factory, rollout_func:
+            Accepted for signature compatibility with [`~trl.GRPOTrainer`] and refused if given: ES generates every
+            member with its own weights through its backend, which tool calling and a custom `rollout_func` would
+            bypass.
+    """
+
+    _tag_names = ["trl", "trl-es", "es"]
+    _name = "ES"
+    _paper = {
+        "title": "Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning",
+        "id": "2509.24372",
+        "citation": textwrap.dedent("""\
+            @article{qiu2025evolution,
+                title        = {{Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning}},
+                author       = {Xin Qiu and others},
+                year         = 2025,
+                eprint       = {arXiv:2509.24372},
+            }"""),
+    }
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: ESConfig | GRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools: list[Callable] | None = None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
+        args = _as_es_config(args, model)
+        if tools or environment_factory is not None:
+            raise NotImplementedError(
+                "ESTrainer does not support tool calling (`tools`, `environment_factory`) yet. Remove them, or train "
+                "this stage with GRPOTrainer."
+            )
+        if rollout_func is not None:
+            raise NotImplementedError(
+                "ESTrainer does not take a `rollout_func`: it generates every population member with that member's "
+                "own weights through its backend, and a custom rollout would generate with other weights (GRPO's "
+                "policy), so every member would be scored on the same completions. Score multi-step or custom "
+                "behaviour in a reward function, or train this stage with GRPOTrainer."
+            )
+        check_backend_config(args, model, peft_config)
+        if args.deepspeed_plugin is not None:
+            raise NotImplementedError(
+                "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
+                "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
+                "e.g. with examples/accelerate_configs/multi_gpu.yaml."
+            )
+        extract_answer = _import_function(args.eval_answer_extractor, "eval_answer_extractor")  # fail before training
+        if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
+        with engine_setup(args):
+            super().__init__(
+                model=model,
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                reward_processing_classes=reward_processing_classes,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                quantization_config=quantization_config,
+                peft_config=peft_config,
+            )
+        self.use_vllm = args.use_vllm
+        # GRPO reuses one generation batch for `num_iterations` updates; ES makes one update per prompt batch. Nor is
+        # there a policy gradient to correct for vLLM's sampling.
+        self.num_iterations = 1
+        self.vllm_importance_sampling_correction = False
+        check_population_divides(args.population_size, self.accelerator.num_processes)
+        self.sampling = SamplingSettings.from_config(args)
+        self._tokens = TokenIds.of(self.model, tokenizer_of(self.processing_class))
+        self._population: Population | None = None
+        self._reference: dict[str, torch.Tensor] | None = None  # the run's starting weights, for es/param_distance
+        self._resume_state: tuple[str, dict[str, torch.Tensor]] | None = None  # (checkpoint, lossy float32 masters)
+        self._micro_step = 0
+        self._extract_answer = extract_answer
+
+    @property
+    def population(self) -> Population:
+        """The run's population: the float32 master (the centre, with sigma) and the backend that evaluates members.
+        Built from the model's current weights (or the resumed checkpoint's) when first needed."""
+        if self._population is None:
+            checkpoint, lossy_masters = self._resume_state or (None, None)
+            model = self.accelerator.unwrap_model(self.model)
+            self._population = build_population(
+                self.args,
+                model,
+                self._tokens,
+                llm=getattr(getattr(self, "vllm_generation", None), "llm", None),
+                lossy_masters=lossy_masters,
+                resumed_from=checkpoint,
+            )
+            if self._reference is None:
+                self._reference = {n: p.detach().to("cpu", copy=True) for n, p in self._population.parameters.items()}
+        return self._population
+
+    def release_population(self) -> None:
+        """Drop the population (and the engine model its backend holds); the next use builds it again."""
+        self._population = None
+
+    def _get_train_sampler(self, dataset=None):
+        return EpochSeededRepeatSampler.like(super()._get_train_sampler(dataset))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The ES step
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        # As in `Trainer.training_step`: GRPO's metrics are filed under "train" only while the model is in train mode.
+        model.train()
+        # GRPO's sampler repeats each generation batch `gradient_accumulation_steps` times; the ES step runs on the
+        # first copy and the repeats are the same prompts.
+        if self._micro_step % self.args.gradient_accumulation_steps == 0:
+            start = time.perf_counter()
+            self._es_step(whole_batch(self.accelerator, inputs))
+            logged_metrics(self, "train")["step_time"].append(time.perf_counter() - start)
+        self._micro_step += 1
+        # ES has no loss; the Trainer loop needs a tensor, and `log` drops the resulting `loss` entry.
+        return torch.zeros((), device=self.args.device)
+
+    @torch.no_grad()
+    def _es_step(self, inputs: list[dict[str, Any]]) -> None:
+        """One ES step on the step's whole prompt batch: members -> completions -> rewards -> fitness -> update."""
+        args, step, timer = self.args, self.state.global_step, PhaseTimer()
+        population = self.population
+        members = population_members(args.seed, step, args.population_size, args.antithetic)
+        local_members = members_of_this_process(self.accelerator, members)
+        prompts = [example["prompt"] for example in inputs]
+        prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
+
+        # Every member answers the same prompts; with sampling, row j of every member uses the same seed.
+        completion_ids = population.backend.generate(
+            local_members, prompt_ids, self.sampling, sampling_seed(args.seed, step), timer
+        )
+        with timer("reward"):
+            rewards_per_func, completions, extra_columns = self._score(inputs, prompts, prompt_ids, completion_ids)
+        completion_rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (members, completions)
+        fitness = member_fitness(completion_rewards)
+        shaped = shape_fitness(fitness, args.fitness_shaping)
+
+        with timer("update"):
+            coefficients = update_coefficients(members, shaped)
+            update_norm = population.apply_update(
+                coefficients, lr=self._get_learning_rate(), weight_decay=args.weight_decay
+            )
+        if self._consistency_check_due():
+            check_ranks_agree(self.accelerator, population.master, step=step + 1)
+            population.backend.check_consistency(step=step + 1)
+
+        self._log_step(rewards_per_func, completion_rewards, fitness, update_norm, timer)
+        self._log_completion_lengths(prompt_ids, completion_ids, "train")
+        self._log_best_member(prompts, completions, extra_columns, rewards_per_func, shaped)
+
+    def _score(self, inputs, prompts, prompt_ids, completion_ids):
+        """Decode and score this process's members' completions, one reward call per member (the batch GRPO would
+        score), each gathering that round's rewards from every process.
+
+        Returns the whole population's rewards in member order `(members, completions, reward functions)` (round `j`
+        of process `r` is member `j * P + r`), and this process's decoded completions and `log_extra` columns, per
+        member."""
+        rounds, completions, columns, logged = [], [], [], defaultdict(list)
+        for member_ids in completion_ids:
+            member_completions = decode_completions(self.processing_class, prompts, prompt_ids, member_ids)
+            rewards = calculate_rewards(self, inputs, prompts, member_completions, member_ids)  # (P x rows, funcs)
+            rounds.append(rewards.view(self.accelerator.num_processes, len(prompts), -1))
+            metrics, extra_columns = take_reward_logs(self)
+            for name, values in metrics.items():
+                logged[name] += values
+            completions.append(member_completions)
+            columns.append(extra_columns)
+        for name, values in logged.items():  # from reward functions' `log_metric`, averaged over the step
+            logged_metrics(self, "train")[name].append(sum(values) / len(values))
+        return torch.cat(rounds), completions, columns
+
+    def _consistency_check_due(self) -> bool:
+        step = self.state.global_step + 1  # the step this update completes
+        every = self.args.consistency_check_steps
+        return every > 0 and (step % every == 0 or step == self.state.max_steps)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Logging
+
+    def _log_step(self, rewards_per_func, completion_rewards, fitness, update_norm, timer) -> None:
+        metrics = logged_metrics(self, "train")
+        for index, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[..., index]).item())
+            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[..., index].flatten()).item())
+        metrics["reward"].append(torch.nanmean(completion_rewards).item())
+        metrics["reward_std"].append(nanstd(completion_rewards.flatten()).item())
+        metrics["es/fitness/mean"].append(fitness.mean().item())
+        metrics["es/fitness/std"].append(fitness.std(unbiased=False).item())
+        metrics["es/fitness/min"].append(fitness.min().item())
+        metrics["es/fitness/max"].append(fitness.max().item())
+        metrics["es/update_norm"].append(update_norm)
+        for phase in ("perturb", "generate", "reward", "update"):
+            metrics[f"es/time/{phase}"].append(timer.seconds[phase])
+        if self.args.num_generations > 1:
+            metrics["es/js_diversity"].append(
+                population_diversity(completion_rewards, self.args.num_generations, self.args.success_reward_threshold)
+            )
+
+    def _log_completion_lengths(self, prompt_ids, completion_ids, mode: str) -> None:
+        """GRPO's `num_tokens` and `completions/*` over the completions of every member (`completion_ids`: this
+        process's, per member) of every process."""
+        device = self.accelerator.device
+        ends = {*self._tokens.eos, self._tokens.pad}
+        rows = [ids for member in completion_ids for ids in member]
+        lengths = self.accelerator.gather(torch.tensor([len(ids) for ids in rows], device=device))
+        truncated = self.accelerator.gather(
+            torch.tensor([not ids or ids[-1] not in ends for ids in rows], device=device)
+        )
+        metrics = logged_metrics(self, mode)
+        if mode == "train":  # as GRPO: tokens seen in training only
+            prompt_tokens = sum(len(ids) for ids in prompt_ids) * len(completion_ids) * self.accelerator.num_processes
+            self.state.num_input_tokens_seen += prompt_tokens + int(lengths.sum())
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        for name, value in completion_metrics(lengths.cpu(), truncated.cpu()).items():
+            metrics[name].append(value)
+
+    def _log_best_member(self, prompts, completions, extra_columns, rewards_per_func, shaped) -> None:
+        """Fill GRPO's completion table (`log_completions`) with the step's best member (every process holds the same
+        values); its "advantage" column holds that member's shaped fitness."""
+        best = int(torch.argmax(shaped))
+        local, owner = divmod(best, self.accelerator.num_processes)
+        own = (completions[local], extra_columns[local])
+        best_completions, best_columns = from_process(self.accelerator, own, owner)
+        table = completion_table(self)
+        table["prompt"].extend(prompts)
+        table["completion"].extend(best_completions)
+        for index, name in enumerate(self.reward_func_names):
+            table["rewards"][name].extend(rewards_per_func[best, :, index].tolist())
+        table["advantages"].extend([shaped[best].item()] * len(prompts))
+        for column in sorted(best_columns):
+            table["extra"][column].extend(best_columns[column])
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        metrics = logged_metrics(self, "train")
+        if self.model.training and self._population is not None and metrics:
+            metrics["es/param_distance"].append(self._population.master.relative_distance(self._reference))
+        # ES has neither a loss nor gradients: drop the Trainer's placeholders instead of logging zeros.
+        for key in ("loss", "grad_norm", "train_loss"):
+            logs.pop(key, None)
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Evaluation: the centre model, scored like GRPO scores it (eval_reward, eval_rewards/*) and, with `eval_ks`, its
+    # coverage (eval_pass@k, eval_maj@k, eval_greedy_accuracy, eval_entropy)
+
+    @torch.no_grad()
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Generate the centre's completions of one eval batch with the training backend and settings, and log GRPO's
+        eval metrics (`eval_reward`, `eval_rewards/*`, `eval_completions/*`)."""
+        prompts = [example["prompt"] for example in inputs]
+        prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
+        seed = sampling_seed(self.args.seed, f"eval-{self.state.global_step}")
+        completion_ids = self.population.backend.generate_center(prompt_ids, self.sampling, seed)
+        completions = decode_completions(self.processing_class, prompts, prompt_ids, completion_ids)
+        rewards_per_func = calculate_rewards(self, inputs, prompts, completions, completion_ids)
+        take_reward_logs(self)
+        rewards = weighted_rewards(rewards_per_func, self.reward_weights)
+        metrics = logged_metrics(self, "eval")
+        for index, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, index]).item())
+            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, index]).item())
+        metrics["reward"].append(torch.nanmean(rewards).item())
+        metrics["reward_std"].append(nanstd(rewards).item())
+        self._log_completion_lengths(prompt_ids, [completion_ids], "eval")
+        return None, None, None
+
+    def coverage_sampler(self) -> Sampler:
+        """The sampler coverage evaluation measures this trainer's centre with: its vLLM backend when it has one
+        (which holds the centre between steps), `model.generate` otherwise."""
+        model = self.accelerator.unwrap_model(self.model)
+        if not self.use_vllm:
+            return TransformersSampler(model, self.processing_class)
+        return BackendSampler(self.population.backend, self.sampling)
+
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        args = self.args
+        if args.eval_ks:
+            dataset = dataloader.dataset
+            if not hasattr(dataset, "__len__"):
+                raise NotImplementedError(
+                    "eval_ks measures coverage on a map-style eval_dataset (one with a length); this one is iterable. "
+                    "Pass a `datasets.Dataset`, or unset eval_ks."
+                )
+            report = measure_trainer(
+                self,
+                dataset,
+                args.eval_ks,
+                self._extract_answer,
+                success_threshold=args.success_reward_threshold,
+                temperature=args.eval_temperature,
+                seed=args.seed,
+            )
+            output.metrics.update({f"{metric_key_prefix}_{name}": value for name, value in report.as_dict().items()})
+        return output
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """As [`~transformers.Trainer.train`]; `resume_from_checkpoint=True` picks the last *complete* checkpoint, so
+        one that a crash left half-written is skipped."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"No complete checkpoint found in output_dir={self.args.output_dir!r}. Train without "
+                    "`resume_from_checkpoint`, or point it at a checkpoint directory."
+                )
+        # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
+        self._population = self._reference = self._resume_state = None
+        self._micro_step = 0
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # Written before `trainer_state.json`, which the Trainer writes last: a checkpoint with a Trainer state always
+        # has its ES state.
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save and self._population is not None:
+            save_es_state(
+                output_dir,
+                master=self._population.master.state_dict(),
+                parameter_dtypes={name: param.dtype for name, param in self._population.parameters.items()},
+                reference=self._reference,
+                metadata={"global_step": self.state.global_step, **run_settings(self.args)},
+            )
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        lossy_masters, reference, metadata = load_es_state(checkpoint)
+        for name, (saved, current) in changed_run_settings(metadata, self.args).items():
+            warnings.warn(
+                f"Resuming from {checkpoint}, written with {name}={saved!r}, with {name}={current!r}: the run will "
+                f"not continue the original one exactly. Resume with {name}={saved!r} to continue it.",
+                UserWarning,
+                stacklevel=2,
+            )
+        # The model already holds the checkpoint's weights: they are the master wherever they are float32.
+        self._population = None
+        self._resume_state = (checkpoint, lossy_masters)  # a vLLM server rebuilds its master from the same files
+        self._reference = reference
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Write `README.md` in `output_dir`: TRL's model card with the ES hyperparameters and papers."""
+        if not self.is_world_process_zero():
+            return
+        model_id = getattr(self.model.config, "_name_or_path", None)
+        base_model = model_id if model_id and not Path(model_id).is_dir() else None
+        tags = {tags} if isinstance(tags, str) else set(tags or ())
+        card = generate_es_model_card(
+            base_model=base_model,
+            model_name=model_name or Path(self.args.output_dir).name,
+            hub_model_id=self.hub_model_id,
+            dataset_name=dataset_name,
+            tags=sorted(tags | set(self._tag_names)),
+            hyperparameters=es_hyperparameters(self.args),
+        )
+        card.save(Path(self.args.output_dir) / "README.md")
+
+
+def _as_es_config(args, model) -> ESConfig:
+    if isinstance(args, ESConfig):
+        return args
+    if args is None:
+        model_name = model if isinstance(model, str) else model.config._name_or_path
+        return ESConfig(f"{Path(str(model_name)).name}-ES")
+    if isinstance(args, GRPOConfig):
+        es_args = ESConfig.from_grpo_config(args)
+        warnings.warn(
+            "ESTrainer got a GRPOConfig and converted it to an ESConfig: GRPO's loss settings are ignored and ES "
+            f"defaults apply to population_size={es_args.population_size}, sigma={es_args.sigma} and the ES step "
+            f"size learning_rate={es_args.learning_rate} (GRPO's learning_rate={args.learning_rate} is an AdamW step "
+            "size). Pass an ESConfig to choose them.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return es_args
+    raise TypeError(f"args must be an ESConfig or a GRPOConfig, got {type(args).__name__}.")
+
+
+def _import_function(path: str | None, field_name: str) -> Callable | None:
+    """The function at import path `path` (`"package.module.function"`), or None when `path` is None."""
+    if path is None:
+        return None
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(
+            f"{field_name}={path!r} is not an importable function ({error}). Give its full import path, e.g. "
+            "'trl_es.tasks.arithmetic.extract_answer', with its module on the Python path."
+        ) from error

@@ -1,0 +1,63 @@
+"""From prompts to token ids and from completion ids back to what reward functions read, as `GRPOTrainer` does it
+(chat templates, `parse_response` for templates that declare a response format, completion-length metrics), written
+out so that an ES step calls its backend directly."""
+
+from __future__ import annotations
+
+import torch
+from trl.chat_template_utils import parse_response
+from trl.data_utils import is_conversational
+
+
+def tokenizer_of(processing_class):
+    """The tokenizer of a tokenizer or of a processor (vision-language models)."""
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
+def tokenize_prompts(
+    processing_class, prompts: list, chat_template: str | None = None, chat_template_kwargs: dict | None = None
+) -> list[list[int]]:
+    """Token ids of each prompt: conversations through the chat template with the generation prompt, plain text
+    through the tokenizer."""
+    if is_conversational({"prompt": prompts[0]}):
+        tokenized = processing_class.apply_chat_template(
+            conversation=prompts,
+            chat_template=chat_template,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **(chat_template_kwargs or {}),
+        )
+        return [list(ids) for ids in tokenized["input_ids"]]
+    return [list(ids) for ids in processing_class(text=prompts)["input_ids"]]
+
+
+def decode_completions(
+    processing_class, prompts: list, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+) -> list:
+    """What reward functions receive as `completions`: text for text prompts, an assistant message for
+    conversations (parsed by the tokenizer's response format where it declares one)."""
+    tokenizer = tokenizer_of(processing_class)
+    if not is_conversational({"prompt": prompts[0]}):
+        return processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
+        return [[parse_response(tokenizer, ids, prefix=prompt_ids[i])] for i, ids in enumerate(completion_ids)]
+    contents = processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+    return [[{"role": "assistant", "content": content}] for content in contents]
+
+
+def completion_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """GRPO's `completions/*` metrics from every completion's length and whether it ended without EOS."""
+    lengths = lengths.float()
+    terminated = lengths[~truncated]
+    if len(terminated) == 0:  # as GRPO: no completion ended with EOS
+        terminated = torch.zeros(1)
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item(),
+        "completions/min_terminated_length": terminated.min().item(),
+        "completions/max_terminated_length": terminated.max().item(),
+    }
