@@ -71,7 +71,10 @@ def test_weight_decay_is_decoupled_and_applied_to_the_master(tiny_model_path, pr
         assert torch.allclose(param, before[name] * (1 - 0.1 * 0.5), rtol=0, atol=1e-7)
 
 
-def test_one_step_applies_lr_times_mean_of_shaped_fitness_times_noise(tiny_model_path, prompts, make_config):
+@pytest.mark.parametrize("noise_seed", [None, 7])  # None: the members come from `seed`
+def test_one_step_applies_lr_times_mean_of_shaped_fitness_times_noise(
+    tiny_model_path, prompts, make_config, noise_seed
+):
     rewards_seen = []
 
     def recording_reward(completions, **kwargs):
@@ -79,12 +82,14 @@ def test_one_step_applies_lr_times_mean_of_shaped_fitness_times_noise(tiny_model
         rewards_seen.append(rewards)
         return rewards
 
-    config = make_config(population_size=4, sigma=0.5, learning_rate=0.01, max_steps=1, temperature=1.0)
+    config = make_config(
+        population_size=4, sigma=0.5, learning_rate=0.01, max_steps=1, temperature=1.0, noise_seed=noise_seed
+    )
     trainer = ESTrainer(model=tiny_model_path, reward_funcs=recording_reward, args=config, train_dataset=prompts)
     before = snapshot(trainer.model)
     trainer.train()
 
-    members = population(config.seed, step=0, population_size=4)
+    members = population(config.seed if noise_seed is None else noise_seed, step=0, population_size=4)
     fitness = torch.tensor([sum(r) / len(r) for r in rewards_seen])  # one reward call per member, in order
     z = shape_fitness(fitness, "zscore")
     assert z.abs().sum() > 0, "the members must differ for this test to check anything"

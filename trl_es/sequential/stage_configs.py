@@ -110,19 +110,24 @@ def stage_configs(
     """The stages of a sequential run, in `order`, from the top-level `args` (see the module docstring)."""
     if order not in ORDERS:
         raise ValueError(f"Unknown order {order!r}: use one of {', '.join(ORDERS)}.")
-    es_overrides = checked_overrides(es_overrides, ESConfig, "es_overrides")
-    grpo_overrides = checked_overrides(grpo_overrides, GRPOConfig, "grpo_overrides")
-    chosen = {name: value for name, value in set_fields(args).items() if name not in RUN_FIELDS}
-    _warn_about_es_only_values(chosen, grpo_overrides)
+    es_stage, grpo_stage = stage_config(args, "es", es_overrides), stage_config(args, "grpo", grpo_overrides)
+    return [es_stage, grpo_stage] if order == "es-then-grpo" else [grpo_stage, es_stage]
 
-    # GRPO's loss settings are left out of the ES stage, which would ignore them with a second warning.
-    es_fields = {name: value for name, value in chosen.items() if name not in GRPO_ONLY_FIELDS}
-    es_stage = _build(ESConfig, "es_overrides", {"output_dir": args.output_dir, **es_fields, **es_overrides})
+
+def stage_config(args: ESConfig, method: str, overrides: dict | str | None = None) -> ESConfig | GRPOConfig:
+    """One stage's config (`method` `"es"` or `"grpo"`) from the top-level `args` and the stage's overrides."""
+    chosen = {name: value for name, value in set_fields(args).items() if name not in RUN_FIELDS}
+    if method == "es":
+        # GRPO's loss settings are left out of the ES stage, which would ignore them with a second warning.
+        es_fields = {name: value for name, value in chosen.items() if name not in GRPO_ONLY_FIELDS}
+        overrides = checked_overrides(overrides, ESConfig, "es_overrides")
+        return _build(ESConfig, "es_overrides", {"output_dir": args.output_dir, **es_fields, **overrides})
+    overrides = checked_overrides(overrides, GRPOConfig, "grpo_overrides")
+    _warn_about_es_only_values(chosen, overrides)
     grpo_fields = {
         name: value for name, value in chosen.items() if name in GRPO_FIELDS and name not in ES_REDEFINED_FIELDS
     }
-    grpo_stage = _build(GRPOConfig, "grpo_overrides", {"output_dir": args.output_dir, **grpo_fields, **grpo_overrides})
-    return [es_stage, grpo_stage] if order == "es-then-grpo" else [grpo_stage, es_stage]
+    return _build(GRPOConfig, "grpo_overrides", {"output_dir": args.output_dir, **grpo_fields, **overrides})
 
 
 def set_fields(args: ESConfig) -> dict[str, Any]:

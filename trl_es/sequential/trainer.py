@@ -9,31 +9,49 @@ from __future__ import annotations
 
 import copy
 import gc
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.state import AcceleratorState
+from accelerate.state import AcceleratorState, PartialState
+from datasets import Dataset, load_from_disk
 from trl import GRPOConfig, GRPOTrainer
 
 from ..backends.vllm_colocate import release_vllm_engine
 from ..core.checkpoint import last_complete_checkpoint
+from ..core.noise import derive_seed
 from ..trainer.es_config import ESConfig
 from ..trainer.es_trainer import ESTrainer
 from ..trainer.model_card import generate_sequential_model_card, stage_hyperparameters
 
 FINAL_DIR = "final"
+DATASET_DIR = "dataset"
 
 
 @dataclass
 class Stage:
-    """One stage: its config (an [`ESConfig`] runs ES, a [`~trl.GRPOConfig`] runs GRPO) and, optionally, its own
-    datasets instead of the SequentialTrainer's."""
+    """One stage: its config (an [`ESConfig`] runs ES, a [`~trl.GRPOConfig`] runs GRPO) and, optionally, what it
+    uses instead of the SequentialTrainer's.
+
+    Args:
+        args ([`ESConfig`] or [`~trl.GRPOConfig`]): The stage's config; its type picks the trainer.
+        train_dataset, eval_dataset (`datasets.Dataset`, *optional*): The stage's own datasets.
+        reward_funcs (*optional*): The stage's own reward functions.
+        build_dataset (`Callable[[str, Path], Dataset]`, *optional*): Builds the stage's training set when the stage
+            starts, from the model it starts from (a path) into the stage's folder. The set is saved there and reused
+            when an interrupted stage resumes, so a resumed stage trains on the same data.
+        name (`str`, *optional*): A label for the stage's folder, `stage-<i>-<name>-<es|grpo>`.
+    """
 
     args: ESConfig | GRPOConfig
     train_dataset: Any = None
     eval_dataset: Any = None
+    reward_funcs: Any = None
+    build_dataset: Callable[[str, Path], Dataset] | None = None
+    name: str | None = None
 
     @property
     def method(self) -> str:
@@ -57,7 +75,9 @@ class SequentialTrainer:
             datasets).
 
     Interrupted runs resume: a stage whose `final/` model exists is skipped, and the running stage resumes from its
-    last complete checkpoint. Between stages the trainer is dropped and its resources released (a colocated vLLM
+    last complete checkpoint. Every ES stage after the first draws its own noise (`ESConfig.noise_seed`, derived from
+    the stage's `seed` and its index, unless set): a stage's steps count from 0 again, and would otherwise replay the
+    members of an earlier ES stage. Between stages the trainer is dropped and its resources released (a colocated vLLM
     engine, the Accelerate and DeepSpeed state) before the next one starts, so several colocate stages run in one
     process.
     """
@@ -96,7 +116,9 @@ class SequentialTrainer:
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
 
     def stage_dir(self, index: int) -> Path:
-        return self.output_dir / f"stage-{index}-{self.stages[index].method}"
+        stage = self.stages[index]
+        label = f"{stage.name}-{stage.method}" if stage.name else stage.method
+        return self.output_dir / f"stage-{index}-{label}"
 
     def final_model(self, index: int) -> Path:
         return self.stage_dir(index) / FINAL_DIR
@@ -115,7 +137,13 @@ class SequentialTrainer:
     def create_model_card(self) -> None:
         """Write `README.md` in the final model's folder: every stage with its method and hyperparameters."""
         base_model = None if Path(self.model).is_dir() else self.model
-        stages = [{"method": s.method.upper(), "hyperparameters": stage_hyperparameters(s.args)} for s in self.stages]
+        stages = [
+            {
+                "method": f"{s.method.upper()} ({s.name})" if s.name else s.method.upper(),
+                "hyperparameters": stage_hyperparameters(s.args),
+            }
+            for s in self.stages
+        ]
         card = generate_sequential_model_card(
             base_model=base_model,
             model_name=self.output_dir.name,
@@ -141,13 +169,18 @@ class SequentialTrainer:
     def _run_stage(self, index: int, stage: Stage, model: str) -> None:
         args = copy.copy(stage.args)  # not dataclasses.replace: that would re-run the configs' __post_init__
         args.output_dir = str(self.stage_dir(index))
+        if stage.method == "es" and index > 0 and args.noise_seed is None:
+            args.noise_seed = derive_seed(args.seed, "stage", index)  # not a replay of an earlier ES stage's noise
         trainer_class = ESTrainer if stage.method == "es" else GRPOTrainer
+        shared = dict(self.shared)
+        if stage.reward_funcs is not None:
+            shared["reward_funcs"] = stage.reward_funcs
         trainer = trainer_class(
             model=model,
             args=args,
-            train_dataset=stage.train_dataset if stage.train_dataset is not None else self.train_dataset,
+            train_dataset=self._train_dataset(index, stage, model),
             eval_dataset=stage.eval_dataset if stage.eval_dataset is not None else self.eval_dataset,
-            **self.shared,
+            **shared,
         )
         trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
         trainer.save_model(str(self.final_model(index)))
@@ -161,6 +194,21 @@ class SequentialTrainer:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _train_dataset(self, index: int, stage: Stage, model: str):
+        """The stage's training set: built at its start when it has a `build_dataset` (by the main process, saved in
+        the stage folder before training, and read back by every process and by a resumed stage)."""
+        if stage.build_dataset is None:
+            return stage.train_dataset if stage.train_dataset is not None else self.train_dataset
+        saved = self.stage_dir(index) / DATASET_DIR
+        state = PartialState()
+        if state.is_main_process and not saved.is_dir():
+            building = saved.with_name(DATASET_DIR + ".building")
+            shutil.rmtree(building, ignore_errors=True)
+            stage.build_dataset(model, self.stage_dir(index)).save_to_disk(str(building))
+            building.rename(saved)  # a crash while building leaves no half-written dataset behind
+        state.wait_for_everyone()
+        return load_from_disk(str(saved))
 
     def _resume_point(self, index: int, stage: Stage) -> str | None:
         if stage.method == "es":

@@ -122,6 +122,9 @@ class ESConfig(GRPOConfig):
             With `perturbation="lowrank"`: how many members generate together in one call (each call has
             `population_batch_size x` the prompt batch's rows; with vLLM it is also the engine's number of LoRA slots).
             Defaults to all of a process's members; lower it if the batch does not fit in memory.
+        noise_seed (`int`, *optional*):
+            Seed of the members' noise and of their shared sampling seeds; `seed` when unset. `SequentialTrainer`
+            gives every ES stage after the first its own, so that stages do not replay each other's members.
         consistency_check_steps (`int`, *optional*, defaults to `1`):
             Every this many steps (and at the last one), check that the copies of the weights that generation reads
             (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
@@ -203,6 +206,11 @@ class ESConfig(GRPOConfig):
     population_batch_size: int | None = field(
         default=None,
         metadata={"help": "Low-rank members generating together in one call; default: all of a process's members."},
+    )
+
+    noise_seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed of the members' noise and shared sampling seeds; `seed` when unset."},
     )
 
     consistency_check_steps: int = field(
@@ -392,6 +400,7 @@ class ESConfig(GRPOConfig):
 # does not continue the original run. (The number of processes is not one: ES gives the same weights on any.)
 RUN_SETTINGS = (
     "seed",
+    "noise_seed",
     "population_size",
     "sigma",
     "antithetic",

@@ -226,14 +226,15 @@ class ESTrainer(GRPOTrainer):
         """One ES step on the step's whole prompt batch: members -> completions -> rewards -> fitness -> update."""
         args, step, timer = self.args, self.state.global_step, PhaseTimer()
         population = self.population
-        members = population_members(args.seed, step, args.population_size, args.antithetic)
+        noise_seed = args.seed if args.noise_seed is None else args.noise_seed
+        members = population_members(noise_seed, step, args.population_size, args.antithetic)
         local_members = members_of_this_process(self.accelerator, members)
         prompts = [example["prompt"] for example in inputs]
         prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
 
         # Every member answers the same prompts; with sampling, row j of every member uses the same seed.
         completion_ids = population.backend.generate(
-            local_members, prompt_ids, self.sampling, sampling_seed(args.seed, step), timer
+            local_members, prompt_ids, self.sampling, sampling_seed(noise_seed, step), timer
         )
         with timer("reward"):
             rewards_per_func, completions, extra_columns = self._score(inputs, prompts, prompt_ids, completion_ids)
