@@ -86,6 +86,8 @@ def test_public_names_are_importable_from_the_top_level():
         CoverageReport,
         ESConfig,
         ESTrainer,
+        EvolmConfig,
+        EvolmTrainer,
         PopulationBackend,
         SequentialTrainer,
         Stage,

@@ -254,3 +254,32 @@ def test_trl_es_es_then_grpo_from_a_yaml_config(tmp_path, tiny_model_path, promp
     assert grpo_stage.temperature == 1.0  # redefined by ES: GRPO's default, not the top-level 0.7
     assert (grpo_stage.max_completion_length, grpo_stage.per_device_train_batch_size) == (8, 4)  # copied
     assert "| 1 | GRPO | " in (grpo_final / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_trl_es_evolm_runs_policy_and_rubric_phases_with_an_in_process_judge(tmp_path, tiny_model_path):
+    from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer
+
+    # A separate model (the judge is never the trained one), scoring by log-probabilities: a random model writes no
+    # JSON, and the startup probe would stop a generating judge.
+    judge = tmp_path / "judge"
+    tokenizer = build_tiny_tokenizer(individual_digits=True)
+    build_tiny_qwen2(tokenizer, seed=1).save_pretrained(judge)
+    tokenizer.save_pretrained(judge)
+    data = tmp_path / "questions"
+    data.mkdir()
+    rows = [{"question": f"What is {k} plus 1?", "answer": str(k + 1)} for k in range(4)]
+    (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    flags = {**FAST_FLAGS, "max_steps": 1, "max_judge_failure_rate": 1.0, "replay_min_age": 0}
+    run_trl_es(
+        "evolm",
+        *("--model_name_or_path", tiny_model_path, "--dataset_name", str(data)),
+        *("--judge_model", str(judge), "--judge_mode", "logprob"),
+        *("--rounds", "1", "--rubric_overrides", '{"num_generations": 2, "bf16": false}'),
+        *("--output_dir", str(tmp_path / "run"), "--num_processes", "1"),
+        *[item for name, value in flags.items() for item in (f"--{name}", str(value))],
+        cwd=tmp_path,
+    )
+    policy, rubric = tmp_path / "run" / "stage-0-policy-es", tmp_path / "run" / "stage-1-rubric-grpo"
+    assert (policy / "final" / "model.safetensors").is_file() and (rubric / "final" / "model.safetensors").is_file()
+    assert saved_args(policy / "final").population_size == 4 and saved_args(rubric / "final").num_generations == 2

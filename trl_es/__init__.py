@@ -18,6 +18,8 @@ _EXPORTS = {
     "SequentialTrainer": "trl_es.sequential.trainer",
     "Stage": "trl_es.sequential.trainer",
     "CoverageEvalCallback": "trl_es.evaluation.callbacks",
+    "EvolmConfig": "trl_es.evolm.trainer",
+    "EvolmTrainer": "trl_es.evolm.trainer",
     "CoverageReport": "trl_es.evaluation.coverage",
     "coverage_report": "trl_es.evaluation.coverage",
     "pass_at_k": "trl_es.evaluation.metrics",
@@ -31,6 +33,8 @@ __all__ = [
     "CoverageReport",
     "ESConfig",
     "ESTrainer",
+    "EvolmConfig",
+    "EvolmTrainer",
     "PopulationBackend",
     "SequentialTrainer",
     "Stage",
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
     from .evaluation.callbacks import CoverageEvalCallback
     from .evaluation.coverage import CoverageReport, coverage_report
     from .evaluation.metrics import js_diversity, maj_at_k, pass_at_k
+    from .evolm.trainer import EvolmConfig, EvolmTrainer
     from .sequential.trainer import SequentialTrainer, Stage
     from .trainer.es_config import ESConfig
     from .trainer.es_trainer import ESTrainer

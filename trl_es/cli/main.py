@@ -165,6 +165,11 @@ TRAINING_COMMANDS = {
             (("order", "es-then-grpo"),),
         ),
         TrainingCommand(
+            "evolm",
+            "evolm",
+            "EVOLM: one model as policy and rubric generator under a frozen judge, each phase ES or GRPO.",
+        ),
+        TrainingCommand(
             "grpo-then-es",
             "sequential",
             "GRPO, then ES from the GRPO model (SequentialTrainer); --grpo_overrides sets fields of GRPO only.",

@@ -29,8 +29,6 @@ from trl_es.cli.es import check_model, load_datasets, load_reward_funcs, model_i
 
 
 def main(script_args, sequence_args, training_args, model_args, dataset_args):
-    from accelerate import PartialState
-
     from trl_es.sequential.trainer import SequentialTrainer
 
     check_model(model_args)
@@ -53,6 +51,13 @@ def main(script_args, sequence_args, training_args, model_args, dataset_args):
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
     )
+    train_and_push(sequence, training_args)
+
+
+def train_and_push(sequence, training_args) -> None:
+    """Train a `SequentialTrainer` (or an `EvolmTrainer`), push its final model when asked, and leave together."""
+    from accelerate import PartialState
+
     final_model = sequence.train()
     state = PartialState()
     if state.is_main_process:

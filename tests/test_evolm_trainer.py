@@ -1,0 +1,178 @@
+"""EvolmTrainer: phases in schedule order, datasets built from the model at each phase start (without reference
+answers), ES phases with noise of their own, and a resumed run that reuses what an interrupted one built."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset, load_from_disk
+from scripts.fast_es import fast_es_config, fast_grpo_config
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from trl_es import ESConfig
+from trl_es.core.noise import derive_seed
+from trl_es.evolm.trainer import EvolmConfig, EvolmTrainer, JudgeFailureGuard
+
+
+class LengthJudge:
+    """A deterministic judge: longer responses score higher."""
+
+    async def score(self, question, rubric, response):
+        return min(len(response), 20) / 20
+
+
+class NoiseSeeds(TrainerCallback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.seen.append((Path(args.output_dir).name, getattr(args, "noise_seed", "grpo")))
+
+
+def questions():
+    return Dataset.from_dict(
+        {"question": [f"What is {k} plus {k}?" for k in range(4)], "answer": [str(2 * k) for k in range(4)]}
+    )
+
+
+def config(tmp_path, **overrides):
+    settings = dict(
+        policy_args=fast_es_config(tmp_path / "unused", max_steps=1),
+        rubric_args=fast_es_config(tmp_path / "unused", max_steps=1),
+        rounds=1,
+        replay_min_age=0,
+        replay_max_age=10,
+    )
+    return EvolmConfig(str(tmp_path / "evolm"), **{**settings, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("schedule", "phases"),
+    [
+        ("coevolve", ["policy", "rubric", "policy", "rubric"]),
+        ("sequential", ["rubric", "rubric", "policy", "policy"]),
+        ("static", ["policy", "policy"]),
+    ],
+)
+def test_the_schedule_orders_the_phases(tmp_path, schedule, phases):
+    weights = {"inferred": 1.0, "rubric_conditioned": 1.0}  # no temporal source: sequential needs none
+    assert config(tmp_path, schedule=schedule, rounds=2, pair_weights=weights).phases() == phases
+
+
+def test_bad_configurations_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="schedule='alternate'"):
+        config(tmp_path, schedule="alternate")
+    with pytest.raises(ValueError, match="rounds must be"):
+        config(tmp_path, rounds=0)
+    with pytest.raises(TypeError, match="policy_args must be an ESConfig"):
+        config(tmp_path, policy_args={"max_steps": 1})
+    with pytest.raises(ValueError, match="inferred"):  # rubric phases before any policy step: no old answer yet
+        config(tmp_path, schedule="sequential", pair_weights={"temporal": 1.0})
+
+
+def test_a_training_set_without_the_question_column_is_refused(tmp_path, tiny_model_path):
+    with pytest.raises(ValueError, match="'question' column"):
+        EvolmTrainer(tiny_model_path, LengthJudge(), config(tmp_path), Dataset.from_dict({"prompt": ["q"]}))
+
+
+def test_the_trained_model_cannot_be_its_own_judge(tmp_path, tiny_model_path):
+    judge = LengthJudge()
+    judge.model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with pytest.raises(ValueError, match="separate frozen model"):
+        EvolmTrainer(tiny_model_path, judge, config(tmp_path), questions())
+
+
+def test_the_judge_failure_guard_stops_with_the_figure():
+    guard = JudgeFailureGuard(max_rate=0.25, min_calls=4)
+    flaky = guard.wrap(lambda completions, **kwargs: [None, 1.0, 1.0, 1.0])
+    failing = guard.wrap(lambda completions, **kwargs: [None] * len(completions))
+    assert flaky(["a"] * 4) == [None, 1.0, 1.0, 1.0]  # 1 of 4 failed: at the limit, not above it
+    with pytest.raises(RuntimeError, match=r"failed on 5 of 8 scores \(62%, above max_judge_failure_rate=0.25\)"):
+        failing(["a"] * 4)  # the guard counts every reward function it wraps
+
+
+@pytest.mark.slow
+def test_coevolution_builds_each_phase_from_the_current_model_and_resumes_on_the_same_data(tmp_path, tiny_model_path):
+    args = config(tmp_path, rubric_args=fast_grpo_config(tmp_path / "unused", max_steps=1))
+    seeds = NoiseSeeds()
+    final = EvolmTrainer(tiny_model_path, LengthJudge(), args, questions(), callbacks=[seeds]).train()
+
+    policy, rubric = Path(args.output_dir) / "stage-0-policy-es", Path(args.output_dir) / "stage-1-rubric-grpo"
+    assert final == rubric / "final" and (policy / "final" / "config.json").is_file()
+    policy_rows, rubric_rows = load_from_disk(str(policy / "dataset")), load_from_disk(str(rubric / "dataset"))
+    assert set(policy_rows.column_names) == {"prompt", "question", "rubric"}  # no reference answer reaches training
+    assert set(rubric_rows.column_names) == {"prompt", "question", "chosen", "rejected"}
+    assert policy_rows["question"] == questions()["question"]
+    assert all(
+        chosen != rejected for chosen, rejected in zip(rubric_rows["chosen"], rubric_rows["rejected"], strict=True)
+    )
+    assert json.loads((rubric / "phase.json").read_text())["pairs"] == len(rubric_rows)
+    assert (policy / "replay_buffer.json").is_file() and (rubric / "replay_buffer.json").is_file()
+    assert [name for name, _ in seeds.seen] == [policy.name, rubric.name]
+    weights = {name: p.detach().clone() for name, p in AutoModelForCausalLM.from_pretrained(final).named_parameters()}
+
+    # Interrupted after the rubric phase built its data: the resumed run trains on the same data, to the same model.
+    built = (rubric / "dataset").stat().st_mtime_ns
+    for leftover in ("final", "checkpoint-1"):
+        shutil.rmtree(rubric / leftover, ignore_errors=True)
+    EvolmTrainer(tiny_model_path, LengthJudge(), args, questions()).train()
+    assert (rubric / "dataset").stat().st_mtime_ns == built
+    resumed = dict(AutoModelForCausalLM.from_pretrained(final).named_parameters())
+    assert all(torch.equal(weights[name], resumed[name].detach()) for name in weights)
+
+
+@pytest.mark.slow
+def test_every_es_phase_draws_noise_of_its_own(tmp_path, tiny_model_path):
+    args = config(tmp_path, schedule="static", rounds=2)
+    assert isinstance(args.policy_args, ESConfig)
+    seeds = NoiseSeeds()
+    EvolmTrainer(tiny_model_path, LengthJudge(), args, questions(), callbacks=[seeds]).train()
+    first, second = (seed for _, seed in seeds.seen)
+    assert first is None  # the first stage keeps the config's seed
+    assert second == derive_seed(args.policy_args.seed, "stage", 1)
+
+
+@pytest.mark.slow
+def test_the_example_runs_offline_on_tiny_models(tmp_path):
+    import subprocess
+    import sys
+
+    example = Path(__file__).parents[1] / "examples" / "evolm.py"
+    command = [sys.executable, str(example), "--tiny", "--rounds", "1", "--output_dir", str(tmp_path / "run")]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "stage-1-rubric-grpo" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "stage-1-rubric-grpo" / "final" / "README.md").is_file()  # the run's model card
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_phase_resumes_to_the_uninterrupted_result(tmp_path, tiny_model_path):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    script = Path(__file__).parent / "scripts" / "evolm_until_killed.py"
+
+    def run(output_dir, *flags):
+        command = [sys.executable, str(script), tiny_model_path, str(output_dir), *flags]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    killed = run(tmp_path / "killed", "--kill-in-phase", "0", "--kill-at-step", "3")  # after the policy checkpoint-2
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    policy = tmp_path / "killed" / "stage-0-policy-es"
+    assert (policy / "dataset").is_dir() and (policy / "checkpoint-2").is_dir() and not (policy / "final").exists()
+    resumed = run(tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    clean = run(tmp_path / "clean")
+    assert clean.returncode == 0, clean.stderr[-2000:]
+
+    start = load_file(Path(tiny_model_path) / "model.safetensors")
+    for phase in ("stage-0-policy-es", "stage-1-rubric-es"):
+        resumed_weights = load_file(tmp_path / "killed" / phase / "final" / "model.safetensors")
+        clean_weights = load_file(tmp_path / "clean" / phase / "final" / "model.safetensors")
+        assert resumed_weights.keys() == clean_weights.keys()
+        assert all(torch.equal(resumed_weights[k], clean_weights[k]) for k in clean_weights), phase
+        assert any(not torch.equal(start[k], clean_weights[k]) for k in start), f"{phase}: the weights never moved"
