@@ -1,5 +1,6 @@
 """ESTrainer calls reward functions exactly as GRPOTrainer does."""
 
+import logging
 import math
 
 import pytest
@@ -84,13 +85,21 @@ def test_none_means_no_score_and_is_skipped(tiny_model_path, prompts, make_confi
     assert not math.isnan(logged["es/update_norm"])
 
 
-def test_only_none_is_a_clear_error(tiny_model_path, prompts, make_config):
+def test_only_none_makes_no_update_warns_and_is_counted(tiny_model_path, prompts, make_config, caplog):
+    # As GRPO, which warns and continues: a step that no function scored has no fitness, so ES moves nothing.
     def never(completions, **kwargs):
         return [None] * len(completions)
 
-    trainer = ESTrainer(model=tiny_model_path, reward_funcs=never, args=make_config(), train_dataset=prompts)
-    with pytest.raises(ValueError, match="returned None for every completion"):
+    config = make_config(sigma=0.1, learning_rate=0.1)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=never, args=config, train_dataset=prompts)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    with caplog.at_level(logging.WARNING, logger="trl_es"):
         trainer.train()
+    assert trainer.state.global_step == 2
+    assert all(torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+    logged = [entry for entry in trainer.state.log_history if "es/skipped_steps" in entry]
+    assert [entry["es/skipped_steps"] for entry in logged] == [1.0, 2.0]
+    assert sum("returned None for every completion" in r.message for r in caplog.records) == 2
 
 
 def test_wrong_number_of_rewards_is_a_clear_error(tiny_model_path, prompts, make_config):

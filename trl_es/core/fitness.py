@@ -28,13 +28,19 @@ def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> t
     return rewards
 
 
+def any_scored(completion_rewards: torch.Tensor) -> bool:
+    """Whether any completion of any member has a reward (NaN: not scored). A step with none has no fitness: the
+    trainer skips its update, as GRPO gives unscorable completions no advantage."""
+    return not bool(torch.isnan(completion_rewards).all())
+
+
 def member_fitness(completion_rewards: torch.Tensor) -> torch.Tensor:
     """Mean scored reward of each member, from `(members, completions)` rewards (NaN: not scored); a member none of
     whose completions was scored gets the population mean, so it neither pulls nor pushes the update.
 
-    Raises `ValueError` when no completion of any member was scored: there is no fitness to compare.
+    Raises `ValueError` when no completion of any member was scored (see `any_scored`): there is no fitness to compare.
     """
-    if torch.isnan(completion_rewards).all():
+    if not any_scored(completion_rewards):
         raise ValueError(
             "Every reward function returned None for every completion of every member, so ES has no fitness to "
             "compare. Make at least one reward function score these prompts."

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -54,12 +56,44 @@ GRPO_ONLY_FIELDS = (
 # Fields that GRPOConfig.__post_init__ fills in from others: their values are GRPO's choice, not the user's.
 _DERIVED_FIELDS = ("generation_batch_size", "activation_checkpointing", "gradient_checkpointing")
 
+# What GRPOTrainer.__init__ is shown for the GRPO-only fields under ESTrainer: GRPOConfig's defaults (beta=0: no
+# reference model), except that there is no policy gradient for vLLM's importance sampling to correct.
+_NEUTRAL_VALUES = {"vllm_importance_sampling_correction": False}
+
 
 def _field_default(config_class: type, name: str):
     spec = config_class.__dataclass_fields__[name]
     if spec.default_factory is not dataclasses.MISSING:
         return spec.default_factory()
     return spec.default
+
+
+def grpo_loss_settings(config: GRPOConfig) -> list[str]:
+    """The GRPO-only fields of `config` set to another value than GRPOConfig's default, as `"name=value"`."""
+    return [
+        f"{name}={getattr(config, name)!r}"
+        for name in GRPO_ONLY_FIELDS
+        if getattr(config, name) != _field_default(GRPOConfig, name)
+    ]
+
+
+@contextmanager
+def grpo_loss_defaults(config: GRPOConfig) -> Iterator[None]:
+    """Within this context, `config`'s GRPO-only fields hold neutral values (GRPOConfig's defaults, `beta=0`); the
+    user's values are restored on exit, so the config still reports them.
+
+    `GRPOTrainer.__init__` reads these fields to build what only GRPO's loss uses (with `beta != 0`, a reference model:
+    a second copy of the model; with a PEFT model, a "ref" adapter) and to warn about loss-type combinations. ES uses
+    none of it, so `ESTrainer` builds its parent inside this context.
+    """
+    user_values = {name: getattr(config, name) for name in GRPO_ONLY_FIELDS}
+    for name in GRPO_ONLY_FIELDS:
+        setattr(config, name, _NEUTRAL_VALUES.get(name, _field_default(GRPOConfig, name)))
+    try:
+        yield
+    finally:
+        for name, value in user_values.items():
+            setattr(config, name, value)
 
 
 class _OneCompletionPerPrompt(int):
@@ -83,7 +117,10 @@ class ESConfig(GRPOConfig):
 
     Subclasses [`~trl.GRPOConfig`], so every GRPO field (generation, vLLM, rewards, logging and
     [`~transformers.TrainingArguments`]) keeps its name and meaning. Fields that only shape GRPO's loss (`beta`,
-    `epsilon`, `loss_type`, `num_iterations`, ...) are accepted and ignored, with a warning when set.
+    `epsilon`, `loss_type`, `num_iterations`, ...) are accepted and ignored, with a warning when set; the config keeps
+    the values given, but `ESTrainer` builds no reference model whatever `beta` says (ES has no KL penalty).
+    `steps_per_generation` (or `generation_batch_size`) other than `gradient_accumulation_steps` is converted to it,
+    with a warning: ES makes one update per prompt batch.
 
     One ES step evaluates `population_size` perturbed copies of the model ("members") on the same prompt batch, scores
     each member by its mean reward, shapes the scores and moves the parameters by
@@ -289,11 +326,35 @@ class ESConfig(GRPOConfig):
         finally:
             self.num_generations = num_generations
         if self.steps_per_generation != self.gradient_accumulation_steps:
+            self._one_prompt_batch_per_update()
+
+    def _one_prompt_batch_per_update(self):
+        """GRPO can generate once for several optimizer steps (`steps_per_generation` > `gradient_accumulation_steps`,
+        or the `generation_batch_size` that implies it); ES makes one update per prompt batch, so it generates once
+        per step, on the batch that `gradient_accumulation_steps` gives."""
+        asked = (
+            f"steps_per_generation={self.steps_per_generation} (generation_batch_size={self.generation_batch_size})"
+        )
+        self.steps_per_generation = self.gradient_accumulation_steps
+        self.generation_batch_size = self.per_device_train_batch_size * self.world_size * self.steps_per_generation
+        if self.generation_batch_size % self.num_generations:
             raise ValueError(
-                "ESTrainer evaluates one prompt batch per update, so steps_per_generation "
-                f"({self.steps_per_generation}) must equal gradient_accumulation_steps "
-                f"({self.gradient_accumulation_steps}). Leave `steps_per_generation` and `generation_batch_size` unset"
+                f"ESTrainer makes one update per prompt batch of per_device_train_batch_size x "
+                f"gradient_accumulation_steps x processes = {self.generation_batch_size} completions, which must be "
+                f"divisible by num_generations ({self.num_generations}). Change per_device_train_batch_size or "
+                "gradient_accumulation_steps, and leave steps_per_generation and generation_batch_size unset."
             )
+        prompts = self.generation_batch_size // self.num_generations
+        warnings.warn(
+            f"ESTrainer makes one update per prompt batch, so {asked} becomes steps_per_generation="
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps}: every member of an ES step answers the "
+            f"same batch of per_device_train_batch_size x gradient_accumulation_steps x processes = "
+            f"{self.generation_batch_size} completions ({prompts} prompts x num_generations={self.num_generations}), "
+            "drawn anew for every update. For more prompts per update, raise per_device_train_batch_size or "
+            "gradient_accumulation_steps.",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _check_es_fields(self):
         if not isinstance(self.population_size, int) or self.population_size < 2:
@@ -360,15 +421,11 @@ class ESConfig(GRPOConfig):
             )
 
     def _warn_about_grpo_only_fields(self):
-        ignored = [
-            f"{name}={getattr(self, name)!r}"
-            for name in GRPO_ONLY_FIELDS
-            if getattr(self, name) != _field_default(GRPOConfig, name)
-        ]
+        ignored = grpo_loss_settings(self)
         if ignored:
             warnings.warn(
-                f"ESTrainer ignores GRPO loss settings: {', '.join(ignored)}. ES has no policy-gradient loss; remove "
-                "them or use GRPOTrainer.",
+                f"ESTrainer ignores GRPO loss settings: {', '.join(ignored)}. ES has no policy-gradient loss and no "
+                "KL penalty, so no reference model is built; remove them or use GRPOTrainer.",
                 UserWarning,
                 stacklevel=3,
             )

@@ -9,6 +9,8 @@ generating with members in `trl_es/backends/` (chosen once, by `build_population
 from __future__ import annotations
 
 import importlib
+import logging
+import math
 import textwrap
 import time
 import warnings
@@ -33,17 +35,19 @@ from ..core.distributed import (
     members_of_this_process,
     whole_batch,
 )
-from ..core.fitness import member_fitness, shape_fitness, update_coefficients, weighted_rewards
+from ..core.fitness import any_scored, member_fitness, shape_fitness, update_coefficients, weighted_rewards
 from ..core.noise import population as population_members
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.metrics import population_diversity
 from ..evaluation.trainer_coverage import measure_trainer
 from ..trl_compat import calculate_rewards, completion_table, logged_metrics, take_reward_logs
-from .es_config import ESConfig, changed_run_settings, run_settings
+from .es_config import ESConfig, changed_run_settings, grpo_loss_defaults, grpo_loss_settings, run_settings
 from .model_card import es_hyperparameters, generate_es_model_card
 from .rollouts import completion_metrics, decode_completions, tokenize_prompts, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
+
+logger = logging.getLogger(__name__)
 
 
 class ESTrainer(GRPOTrainer):
@@ -64,7 +68,13 @@ class ESTrainer(GRPOTrainer):
     4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy.
 
     Only parameters with `requires_grad=True` evolve (with `peft_config`, the adapter). No gradients, optimizer state
-    or activations for backpropagation are kept.
+    or activations for backpropagation are kept, and no reference model is built (ES has no KL penalty).
+
+    What ES minimises is logged under GRPO's names: `loss` is minus the members' mean fitness (`-es/fitness/mean`)
+    over the logged steps, `train_loss` (and `TrainOutput.training_loss`) its mean over the run's steps, and
+    `eval_loss` minus the centre's mean eval reward (`-eval_reward`), so `load_best_model_at_end` and early stopping
+    work with their defaults. `grad_norm` is not logged: there is no gradient. A step whose completions no reward
+    function scored (every reward `None`) makes no update, warns, and counts in `es/skipped_steps`.
 
     Example:
 
@@ -151,7 +161,8 @@ class ESTrainer(GRPOTrainer):
         extract_answer = _import_function(args.eval_answer_extractor, "eval_answer_extractor")  # fail before training
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
-        with engine_setup(args):
+        # GRPO's loss settings (beta: a reference model) are hidden from GRPO's constructor and kept in `args`.
+        with engine_setup(args), grpo_loss_defaults(args):
             super().__init__(
                 model=model,
                 reward_funcs=reward_funcs,
@@ -178,6 +189,9 @@ class ESTrainer(GRPOTrainer):
         self._resume_state: tuple[str, dict[str, torch.Tensor]] | None = None  # (checkpoint, lossy float32 masters)
         self._micro_step = 0
         self._extract_answer = extract_answer
+        self._losses: list[float] = []  # -mean fitness of each ES step of this `train` call that had a fitness
+        self._losses_logged = 0  # how many of them earlier log entries covered
+        self._skipped_steps = 0  # steps no reward function scored (no update), over the whole run
 
     @property
     def population(self) -> Population:
@@ -212,18 +226,24 @@ class ESTrainer(GRPOTrainer):
         # As in `Trainer.training_step`: GRPO's metrics are filed under "train" only while the model is in train mode.
         model.train()
         # GRPO's sampler repeats each generation batch `gradient_accumulation_steps` times; the ES step runs on the
-        # first copy and the repeats are the same prompts.
+        # first copy and the repeats are the same prompts. The Trainer sums the returned losses over those
+        # micro-steps, so only the ES step's returns its loss, -mean fitness (`log` reports the same values from
+        # `_losses`, leaving out steps without a fitness).
+        loss = torch.zeros((), device=self.args.device)
         if self._micro_step % self.args.gradient_accumulation_steps == 0:
             start = time.perf_counter()
-            self._es_step(whole_batch(self.accelerator, inputs))
+            fitness = self._es_step(whole_batch(self.accelerator, inputs))
             logged_metrics(self, "train")["step_time"].append(time.perf_counter() - start)
+            if fitness is not None:
+                self._losses.append(-fitness.mean().item())
+                loss = -fitness.mean().to(loss)
         self._micro_step += 1
-        # ES has no loss; the Trainer loop needs a tensor, and `log` drops the resulting `loss` entry.
-        return torch.zeros((), device=self.args.device)
+        return loss
 
     @torch.no_grad()
-    def _es_step(self, inputs: list[dict[str, Any]]) -> None:
-        """One ES step on the step's whole prompt batch: members -> completions -> rewards -> fitness -> update."""
+    def _es_step(self, inputs: list[dict[str, Any]]) -> torch.Tensor | None:
+        """One ES step on the step's whole prompt batch: members -> completions -> rewards -> fitness -> update.
+        Returns the members' fitness, or None for a step that no reward function scored (no update)."""
         args, step, timer = self.args, self.state.global_step, PhaseTimer()
         population = self.population
         noise_seed = args.seed if args.noise_seed is None else args.noise_seed
@@ -239,6 +259,9 @@ class ESTrainer(GRPOTrainer):
         with timer("reward"):
             rewards_per_func, completions, extra_columns = self._score(inputs, prompts, prompt_ids, completion_ids)
         completion_rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (members, completions)
+        if not any_scored(completion_rewards):  # e.g. a reward function for another domain of a mixed dataset
+            self._skip_unscored_step(rewards_per_func, completion_rewards, prompt_ids, completion_ids, timer)
+            return None
         fitness = member_fitness(completion_rewards)
         shaped = shape_fitness(fitness, args.fitness_shaping)
 
@@ -254,6 +277,20 @@ class ESTrainer(GRPOTrainer):
         self._log_step(rewards_per_func, completion_rewards, fitness, update_norm, timer)
         self._log_completion_lengths(prompt_ids, completion_ids, "train")
         self._log_best_member(prompts, completions, extra_columns, rewards_per_func, shaped)
+        return fitness
+
+    def _skip_unscored_step(self, rewards_per_func, completion_rewards, prompt_ids, completion_ids, timer) -> None:
+        """A step whose completions no reward function scored has no fitness: make no update (as GRPO, which gives
+        unscorable completions a zero advantage), warn, and count it in `es/skipped_steps`."""
+        self._skipped_steps += 1
+        if self.accelerator.is_main_process:  # every process skips the same step
+            logger.warning(
+                f"Step {self.state.global_step + 1}: every reward function returned None for every completion of "
+                f"every member, so ES has no fitness to compare and makes no update ({self._skipped_steps} such steps "
+                "so far, logged as es/skipped_steps). Make at least one reward function score these prompts."
+            )
+        self._log_step(rewards_per_func, completion_rewards, None, 0.0, timer)
+        self._log_completion_lengths(prompt_ids, completion_ids, "train")
 
     def _score(self, inputs, prompts, prompt_ids, completion_ids):
         """Decode and score this process's members' completions, one reward call per member (the batch GRPO would
@@ -285,19 +322,24 @@ class ESTrainer(GRPOTrainer):
     # Logging
 
     def _log_step(self, rewards_per_func, completion_rewards, fitness, update_norm, timer) -> None:
+        """The step's metrics; `fitness` is None for a step without one (its reward metrics are then NaN, which GRPO's
+        `log` leaves out of its averages)."""
         metrics = logged_metrics(self, "train")
         for index, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[..., index]).item())
             metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[..., index].flatten()).item())
         metrics["reward"].append(torch.nanmean(completion_rewards).item())
         metrics["reward_std"].append(nanstd(completion_rewards.flatten()).item())
+        metrics["es/update_norm"].append(update_norm)
+        metrics["es/skipped_steps"] = [float(self._skipped_steps)]  # cumulative, like num_tokens
+        for phase in ("perturb", "generate", "reward", "update"):
+            metrics[f"es/time/{phase}"].append(timer.seconds[phase])
+        if fitness is None:
+            return
         metrics["es/fitness/mean"].append(fitness.mean().item())
         metrics["es/fitness/std"].append(fitness.std(unbiased=False).item())
         metrics["es/fitness/min"].append(fitness.min().item())
         metrics["es/fitness/max"].append(fitness.max().item())
-        metrics["es/update_norm"].append(update_norm)
-        for phase in ("perturb", "generate", "reward", "update"):
-            metrics[f"es/time/{phase}"].append(timer.seconds[phase])
         if self.args.num_generations > 1:
             metrics["es/js_diversity"].append(
                 population_diversity(completion_rewards, self.args.num_generations, self.args.success_reward_threshold)
@@ -341,9 +383,14 @@ class ESTrainer(GRPOTrainer):
         metrics = logged_metrics(self, "train")
         if self.model.training and self._population is not None and metrics:
             metrics["es/param_distance"].append(self._population.master.relative_distance(self._reference))
-        # ES has neither a loss nor gradients: drop the Trainer's placeholders instead of logging zeros.
-        for key in ("loss", "grad_norm", "train_loss"):
-            logs.pop(key, None)
+        logs.pop("grad_norm", None)  # ES has no gradient
+        # What ES minimises, -mean fitness: over this entry's steps (`loss`) and over the run (`train_loss`, in the
+        # Trainer's last entry). Steps without a fitness are left out, as GRPO's `log` leaves out NaN metrics.
+        if "loss" in logs:
+            logs["loss"] = _mean(self._losses[self._losses_logged :])
+            self._losses_logged = len(self._losses)
+        if "train_loss" in logs:
+            logs["train_loss"] = _mean(self._losses)
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -353,7 +400,8 @@ class ESTrainer(GRPOTrainer):
     @torch.no_grad()
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Generate the centre's completions of one eval batch with the training backend and settings, and log GRPO's
-        eval metrics (`eval_reward`, `eval_rewards/*`, `eval_completions/*`)."""
+        eval metrics (`eval_reward`, `eval_rewards/*`, `eval_completions/*`); `evaluation_loop` turns the batches'
+        rewards into `eval_loss`."""
         prompts = [example["prompt"] for example in inputs]
         prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
         seed = sampling_seed(self.args.seed, f"eval-{self.state.global_step}")
@@ -382,7 +430,15 @@ class ESTrainer(GRPOTrainer):
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
     ):
+        earlier = len(logged_metrics(self, "eval").get("reward", []))
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        # `eval_loss` = -`eval_reward` (averaged as GRPO's `log` averages it, NaN batches left out), the training
+        # loss's meaning, so that `load_best_model_at_end` and early stopping work with their default metric. Absent
+        # when no eval completion was scored.
+        rewards = logged_metrics(self, "eval").get("reward", [])[earlier:]
+        loss = _mean([-reward for reward in rewards if not math.isnan(reward)])
+        if loss is not None:
+            output.metrics[f"{metric_key_prefix}_loss"] = loss
         args = self.args
         if args.eval_ks:
             dataset = dataloader.dataset
@@ -418,8 +474,17 @@ class ESTrainer(GRPOTrainer):
                 )
         # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
         self._population = self._reference = self._resume_state = None
-        self._micro_step = 0
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        self._micro_step = self._losses_logged = self._skipped_steps = 0
+        self._losses = []
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and Path(best).is_dir():
+            # The Trainer loaded the best checkpoint's weights into the model: the population follows it, with that
+            # checkpoint's float32 master, as a resume from it would.
+            self._population = None
+            self._resume_state = (best, load_es_state(best)[0])
+        # `log` set the metrics' `train_loss` (the same dict) from the ES losses; the returned value follows it.
+        return output._replace(training_loss=output.metrics.get("train_loss"))
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         # Written before `trainer_state.json`, which the Trainer writes last: a checkpoint with a Trainer state always
@@ -431,7 +496,11 @@ class ESTrainer(GRPOTrainer):
                 master=self._population.master.state_dict(),
                 parameter_dtypes={name: param.dtype for name, param in self._population.parameters.items()},
                 reference=self._reference,
-                metadata={"global_step": self.state.global_step, **run_settings(self.args)},
+                metadata={
+                    "global_step": self.state.global_step,
+                    "skipped_steps": self._skipped_steps,
+                    **run_settings(self.args),
+                },
             )
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
@@ -450,6 +519,7 @@ class ESTrainer(GRPOTrainer):
         self._population = None
         self._resume_state = (checkpoint, lossy_masters)  # a vLLM server rebuilds its master from the same files
         self._reference = reference
+        self._skipped_steps = metadata.get("skipped_steps", 0)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write `README.md` in `output_dir`: TRL's model card with the ES hyperparameters and papers."""
@@ -477,16 +547,35 @@ def _as_es_config(args, model) -> ESConfig:
         return ESConfig(f"{Path(str(model_name)).name}-ES")
     if isinstance(args, GRPOConfig):
         es_args = ESConfig.from_grpo_config(args)
-        warnings.warn(
-            "ESTrainer got a GRPOConfig and converted it to an ESConfig: GRPO's loss settings are ignored and ES "
-            f"defaults apply to population_size={es_args.population_size}, sigma={es_args.sigma} and the ES step "
+        ignored = grpo_loss_settings(args)
+        notes = [
+            f"ES defaults apply to population_size={es_args.population_size}, sigma={es_args.sigma} and the ES step "
             f"size learning_rate={es_args.learning_rate} (GRPO's learning_rate={args.learning_rate} is an AdamW step "
-            "size). Pass an ESConfig to choose them.",
+            "size); pass an ESConfig to choose them."
+        ]
+        if ignored:
+            notes.append(
+                f"GRPO's loss settings are ignored ({', '.join(ignored)}): ES has no policy-gradient loss and no KL "
+                "penalty, so no reference model is built."
+            )
+        if es_args.num_generations > 1:
+            notes.append(
+                f"Each member samples num_generations={es_args.num_generations} completions per prompt at "
+                f"temperature={es_args.temperature}, as GRPO samples its group (ES's own default is one greedy "
+                "completion per prompt)."
+            )
+        warnings.warn(
+            f"ESTrainer got a GRPOConfig and converted it to an ESConfig. {' '.join(notes)}",
             UserWarning,
             stacklevel=3,
         )
         return es_args
     raise TypeError(f"args must be an ESConfig or a GRPOConfig, got {type(args).__name__}.")
+
+
+def _mean(values: list[float]) -> float | None:
+    """The mean of `values`, or None (as GRPO logs a metric without values) when there are none."""
+    return sum(values) / len(values) if values else None
 
 
 def _import_function(path: str | None, field_name: str) -> Callable | None:
