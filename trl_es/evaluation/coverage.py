@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from ..backends.base import PopulationBackend
-from ..backends.hf import left_padded, until_eos
+from ..backends.hf import TokenIds, left_padded, until_eos
 from ..backends.sampling import SamplingSettings
 from .metrics import maj_at_k, pass_at_k
 
@@ -117,9 +117,7 @@ class TransformersSampler:
         return [completions[i : i + n] for i in range(0, len(completions), n)]
 
     def _eos_ids(self) -> set[int]:
-        configured = self.model.generation_config.eos_token_id
-        ids = set(configured if isinstance(configured, list) else [configured])
-        return {i for i in ids | {self.tokenizer.eos_token_id} if i is not None}
+        return set(TokenIds.of(self.model, self.tokenizer).eos) - {None}
 
 
 class VLLMEngineSampler:

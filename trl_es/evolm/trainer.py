@@ -220,10 +220,10 @@ class EvolmTrainer:
         model); the rows carry the rubric for the policy reward."""
         prompts = self.args.prompts
         rubric_source = self.model if self.args.schedule == "static" else model_path
-        rubrics = self._generator(rubric_source, f"{stage_dir.name}/rubrics")(
-            self._rendered(prompts.rubric_generation)
-        )
-        self._record_answers(self._generator(model_path, f"{stage_dir.name}/answers"), stage_dir)
+        current = _load_model(model_path)
+        rubric_model = _load_model(rubric_source) if rubric_source != model_path else current
+        rubrics = self._generator(rubric_model, f"{stage_dir.name}/rubrics")(self._rendered(prompts.rubric_generation))
+        self._record_answers(self._generator(current, f"{stage_dir.name}/answers"), stage_dir)
         valid = sum(rubric_is_valid(rubric, self.args.rubric_rules) for rubric in rubrics) / len(rubrics)
         _write_info(stage_dir, {"role": "policy", "rubric_source": rubric_source, "valid_rubric_rate": valid})
         policy_prompts = [self._prompt(text) for text in self._rendered(prompts.policy)]
@@ -232,7 +232,7 @@ class EvolmTrainer:
     def _rubric_dataset(self, model_path: str, stage_dir: Path) -> Dataset:
         """Preference pairs from the current model's own answers; the rows carry the pair for the rubric reward."""
         prompts = self.args.prompts
-        generate = self._generator(model_path, stage_dir.name)
+        generate = self._generator(_load_model(model_path), stage_dir.name)
         answers = generate(self._rendered(prompts.policy))
         rubrics = generate(self._rendered(prompts.rubric_generation))
         buffer = self._replay_buffer(stage_dir)
@@ -289,11 +289,10 @@ class EvolmTrainer:
         """A conversation when the tokenizer has a chat template (the trainer then applies it), else plain text."""
         return [{"role": "user", "content": text}] if self.tokenizer.chat_template else text
 
-    def _generator(self, model_path: str, label: str, batch_size: int = 64) -> Callable[[list[str]], list[str]]:
-        """`generate(texts)`: one sampled completion per prompt from the model at `model_path` (loaded once), with
-        `model.generate`; seeded by `label` (the phase, never a path: the run must not depend on where it is written)
-        and the call's number, so a rebuilt dataset is the same."""
-        model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    def _generator(self, model, label: str, batch_size: int = 64) -> Callable[[list[str]], list[str]]:
+        """`generate(texts)`: one sampled completion per prompt from `model`, with `model.generate`; seeded by `label`
+        (the phase, never a path: the run must not depend on where it is written) and the call's number, so a rebuilt
+        dataset is the same."""
         tokens = TokenIds.of(model, self.tokenizer)
         sampling = SamplingSettings(
             max_tokens=self.args.policy_args.max_completion_length, temperature=self.args.answer_temperature
@@ -339,6 +338,11 @@ class JudgeFailureGuard:
 
         guarded.__name__ = reward_function.__name__
         return guarded
+
+
+def _load_model(path: str):
+    """A phase's model, loaded once for all the generation its dataset needs."""
+    return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
 def _check_judge_is_separate(judge, model: str) -> None:
