@@ -37,13 +37,19 @@ def training_texts(tokenizer, size: int, seed: int) -> list[tuple[list[int], int
     examples = []
     for index in range(size):
         prompt_ids = tokenizer(prompt_of(problem("pretrain", index).question))["input_ids"]
-        answer_ids = tokenizer(f" {written_answer(index)}")["input_ids"] + [tokenizer.eos_token_id]
-        examples.append((prompt_ids + answer_ids, len(prompt_ids)))
+        examples.append(completion_example(tokenizer, prompt_ids, f" {written_answer(index)}"))
     random.Random(seed).shuffle(examples)
     return examples
 
 
-def _batch(examples: list[tuple[list[int], int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+def completion_example(tokenizer, prompt_ids: list[int], completion: str) -> tuple[list[int], int]:
+    """(token ids, number of prompt tokens) of a prompt followed by `completion` and EOS; the loss falls on the
+    completion."""
+    return prompt_ids + tokenizer(completion)["input_ids"] + [tokenizer.eos_token_id], len(prompt_ids)
+
+
+def supervised_batch(examples: list[tuple[list[int], int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded inputs with labels on the completion tokens only (after each example's prompt)."""
     length = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), length), pad_token_id)
     labels = torch.full((len(examples), length), -100)
@@ -56,7 +62,7 @@ def _batch(examples: list[tuple[list[int], int]], pad_token_id: int) -> dict[str
 
 
 @contextmanager
-def _one_thread():
+def one_thread():
     """One CPU thread (a fixed reduction order: the same weights on every run), restored afterwards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -64,6 +70,34 @@ def _one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def train_supervised(
+    model,
+    examples: list[tuple[list[int], int]],
+    pad_token_id: int,
+    max_steps: int,
+    batch_size: int,
+    learning_rate: float,
+    log=print,
+) -> None:
+    """Next-token training on the completions of `examples` ((ids, prompt length) pairs, taken in order, cycling):
+    AdamW with 100 warm-up steps and gradient clipping, on one thread so that the weights are the same on every run."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
+    model.train()
+    with one_thread():
+        for step in range(max_steps):
+            start = (step * batch_size) % (len(examples) - batch_size)
+            loss = model(**supervised_batch(examples[start : start + batch_size], pad_token_id)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            warmup.step()
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % 100 == 0:
+                log(f"step {step + 1}/{max_steps}  loss {loss.item():.4f}")
+    model.eval()
 
 
 def pretrain(
@@ -83,22 +117,12 @@ def pretrain(
     tokenizer = build_tiny_tokenizer(vocab_size=512, corpus=corpus, individual_digits=True)
     model = build_tiny_qwen2(tokenizer, seed=seed, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
     examples = training_texts(tokenizer, num_examples, seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
-    model.train()
-    with _one_thread():
-        for step in range(max_steps):
-            start = (step * batch_size) % (len(examples) - batch_size)
-            loss = model(**_batch(examples[start : start + batch_size], tokenizer.pad_token_id)).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            warmup.step()
-            optimizer.zero_grad(set_to_none=True)
-            if (step + 1) % 100 == 0:
-                log(f"step {step + 1}/{max_steps}  loss {loss.item():.4f}")
+    train_supervised(model, examples, tokenizer.pad_token_id, max_steps, batch_size, learning_rate, log)
+    return save_model_and_tokenizer(model, tokenizer, output_dir)
+
+
+def save_model_and_tokenizer(model, tokenizer, output_dir: str | Path) -> Path:
     output_dir = Path(output_dir)
-    model.eval()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return output_dir

@@ -1,0 +1,174 @@
+"""The offline EVOLM demo: its toy task, its pretraining scripts, the shipped judge and models, and its training."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from trl_es.demo.evolm import pretrain_joint, pretrain_judge, run, toy
+from trl_es.demo.evolm.settings import DEMO_MODELS, EVOLM_DEMO
+from trl_es.tasks import arithmetic
+from trl_es.tasks.arithmetic import problem
+
+
+def test_a_rubric_states_its_number_and_the_judge_label_ignores_the_question():
+    assert toy.stated_number(" " + toy.rubric_text(17)) == 17
+    assert toy.stated_number(toy.rubric_text(None)) is None
+    assert toy.judge_label(toy.rubric_text(7), " 7 apples") == 1.0
+    assert toy.judge_label(toy.rubric_text(7), " 17") == 0.0
+    assert toy.judge_label(toy.rubric_text(None), " 3") == 1.0
+    assert toy.judge_label(toy.rubric_text(None), " none") == 0.0
+    assert toy.judge_label('{"criteria": [{"criterion": "Be kind.", "weight": 1}]}', " 3") == 0.0
+
+
+def test_the_verifier_reads_answers_and_rubrics_against_the_problem():
+    drawn = next(p for p in (problem("test", i) for i in range(50)) if p.answer != p.misread_answer)
+    assert toy.answer_reading(drawn, f" {drawn.answer}") == "correct"
+    assert toy.answer_reading(drawn, f" {drawn.misread_answer} left") == "misread"
+    assert toy.answer_reading(drawn, " banana") == "slip"
+    assert toy.rubric_reading(drawn, toy.rubric_text(drawn.misread_answer)) == "misread"
+    assert toy.rubric_reading(drawn, toy.rubric_text(None)) == "generic"
+    assert toy.rubric_reading(drawn, '{"criteria": []}') == "invalid"
+
+
+def test_the_question_dataset_holds_questions_only():
+    assert toy.question_dataset("train", 4).column_names == ["question"]
+
+
+@pytest.mark.parametrize("rubric_misread", [0.3, 0.5])
+def test_joint_pretraining_texts_misread_rubrics_at_the_stated_rate(rubric_misread):
+    readings = {"correct": 0, "misread": 0}
+    for index in range(6000):
+        prompt, completion = pretrain_joint.joint_texts(index, 0.5, rubric_misread, 0.2)
+        drawn = problem("pretrain", index)
+        if prompt.endswith("\nRubric:") and drawn.answer != drawn.misread_answer:
+            kind = toy.rubric_reading(drawn, completion)
+            if kind in readings:
+                readings[kind] += 1
+    total = sum(readings.values())
+    rate = readings["misread"] / total
+    assert abs(rate - rubric_misread) < 3 * (rubric_misread * (1 - rubric_misread) / total) ** 0.5 + 0.01
+
+
+def test_pretraining_gives_the_same_weights_on_every_run(tmp_path):
+    runs = [
+        pretrain_judge.pretrain_judge(tmp_path / str(k), max_steps=3, num_examples=300, log=lambda _: None)
+        for k in range(2)
+    ]
+    weights = [_weights(path) for path in runs]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def judge():
+    return run.demo_judge()
+
+
+def test_the_shipped_judge_matches_patterns_and_does_no_arithmetic(judge):
+    """(misread rubric, misread answer) scores as high as (correct rubric, correct answer); mismatches score low: the
+    judge, which never sees the question, cannot tell the right reading from the wrong one."""
+    problems = [p for p in (problem("test", i) for i in range(120)) if p.answer != p.misread_answer][:96]
+
+    def mean_score(rubric_of, answer_of):
+        items = [("", toy.rubric_text(rubric_of(p)), f" {answer_of(p)}") for p in problems]
+        return sum(judge.score_batch(items)) / len(items)
+
+    correct_pair = mean_score(lambda p: p.answer, lambda p: p.answer)
+    misread_pair = mean_score(lambda p: p.misread_answer, lambda p: p.misread_answer)
+    mismatched = mean_score(lambda p: p.answer, lambda p: p.misread_answer)
+    generic = mean_score(lambda p: None, lambda p: p.misread_answer)
+    assert correct_pair > 0.9 and misread_pair > 0.9
+    assert abs(correct_pair - misread_pair) < 0.03
+    assert mismatched < 0.05
+    assert generic > 0.95
+
+
+def test_the_shipped_models_state_the_asymmetry_they_were_pretrained_with():
+    """The joint model's sampled rubrics are right more often than its null control's (30% vs 50% misread)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    settings = replace(EVOLM_DEMO, num_held_out=256)
+    correct = {}
+    for name in ("joint", "null"):
+        model = AutoModelForCausalLM.from_pretrained(DEMO_MODELS[name])
+        tokenizer = AutoTokenizer.from_pretrained(DEMO_MODELS[name])
+        problems = [problem("test", i) for i in range(settings.num_held_out)]
+        prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
+        texts = run.sample_completions(model, tokenizer, prompts, 1.0, settings.max_completion_length, 0)
+        kinds = [toy.rubric_reading(p, text) for p, text in zip(problems, texts, strict=True)]
+        correct[name] = kinds.count("correct") / max(kinds.count("correct") + kinds.count("misread"), 1)
+    assert correct["joint"] > correct["null"] + 0.08
+
+
+def _verifier_raises(*args, **kwargs):
+    raise AssertionError("the verifier was called during EVOLM training")
+
+
+def test_evolm_training_never_reads_an_answer_or_calls_the_verifier(monkeypatch, tmp_path, judge):
+    for module, name in [
+        (arithmetic, "extract_answer"),
+        (arithmetic, "arithmetic_reward"),
+        (toy, "extract_answer"),
+        (toy, "answer_reading"),
+        (toy, "rubric_reading"),
+        (toy, "judge_label"),
+        (run, "extract_answer"),
+    ]:
+        monkeypatch.setattr(module, name, _verifier_raises)
+    settings = replace(
+        EVOLM_DEMO, rounds=1, policy_steps=1, rubric_steps=1, population_size=4, prompts_per_step=8, num_train=16
+    )
+    settings = replace(settings, rubric_population_size=4, rubric_prompts_per_step=8)
+    settings = replace(settings, pair_weights={"temporal": 1.0, "inferred": 1.0, "rubric_conditioned": 1.0})
+    final = run.train_evolm(DEMO_MODELS["joint"], settings, str(tmp_path / "run"), judge=judge)
+    assert (final / "model.safetensors").is_file()
+    from datasets import load_from_disk
+
+    stage_datasets = sorted(tmp_path.glob("run/stage-*/dataset"))
+    assert len(stage_datasets) == 2
+    answers = {str(problem("train", i).answer) for i in range(16)}
+    for path in stage_datasets:
+        dataset = load_from_disk(str(path))
+        assert "answer" not in dataset.column_names
+        assert set(dataset.column_names) <= {"prompt", "question", "rubric", "chosen", "rejected"}
+        assert not answers & set(dataset["question"])
+
+
+def _greedy_rates(model_path, num_problems: int) -> dict[str, float]:
+    """Held-out greedy accuracy and invalid-rubric rate (the verifier, after training)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_path), AutoTokenizer.from_pretrained(model_path)
+    problems = [problem("test", i) for i in range(num_problems)]
+    answers = run.sample_completions(
+        model, tokenizer, [toy.DEMO_PROMPTS.policy.format(question=p.question) for p in problems], 0.0, 8, 0
+    )
+    prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
+    rubrics = run.sample_completions(model, tokenizer, prompts, 0.0, EVOLM_DEMO.max_completion_length, 0)
+    readings = [toy.answer_reading(p, answer) for p, answer in zip(problems, answers, strict=True)]
+    kinds = [toy.rubric_reading(p, rubric) for p, rubric in zip(problems, rubrics, strict=True)]
+    return {"accuracy": readings.count("correct") / num_problems, "invalid": kinds.count("invalid") / num_problems}
+
+
+@pytest.mark.slow
+def test_one_round_of_the_demo_fixes_the_rubric_format_but_does_not_raise_accuracy(tmp_path, judge):
+    """The measured effect of one demo round (README, "The offline EVOLM demo") on the joint model: the rubric phase
+    all but removes invalid rubrics, by far more than their standard error, and greedy accuracy does not rise by two
+    standard errors (EVOLM did not turn the rubrics' asymmetry into accuracy at this budget)."""
+    num_problems = 256
+    before = _greedy_rates(DEMO_MODELS["joint"], num_problems)
+    final = run.train_evolm(DEMO_MODELS["joint"], replace(EVOLM_DEMO, rounds=1), str(tmp_path / "run"), judge=judge)
+    after = _greedy_rates(final, num_problems)
+
+    def standard_error(rate: float) -> float:
+        return (max(rate * (1 - rate), 0.25 / num_problems) / num_problems) ** 0.5
+
+    assert before["invalid"] - after["invalid"] > 3 * standard_error(before["invalid"])
+    assert after["accuracy"] - before["accuracy"] < 2 * standard_error(before["accuracy"]) * 2**0.5
