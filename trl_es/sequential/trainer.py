@@ -25,7 +25,13 @@ from ..core.checkpoint import last_complete_checkpoint
 from ..core.noise import derive_seed
 from ..trainer.es_config import ESConfig
 from ..trainer.es_trainer import ESTrainer
-from ..trainer.model_card import generate_sequential_model_card, stage_hyperparameters
+from ..trainer.model_card import (
+    generate_sequential_model_card,
+    reward_function_names,
+    stage_hyperparameters,
+    stage_papers,
+    stage_summary,
+)
 
 FINAL_DIR = "final"
 DATASET_DIR = "dataset"
@@ -134,37 +140,92 @@ class SequentialTrainer:
         self.create_model_card()
         return Path(model)
 
-    def create_model_card(self) -> None:
-        """Write `README.md` in the final model's folder: every stage with its method and hyperparameters."""
+    def create_model_card(
+        self, dataset_name: str | None = None, hub_model_id: str | None = None, stage_folders: list[str] | None = None
+    ) -> None:
+        """Write `README.md` in the final model's folder: the base model, the dataset (`dataset_name`, a Hub id),
+        every stage with its method, reward functions and hyperparameters, and the papers."""
         base_model = None if Path(self.model).is_dir() else self.model
         stages = [
             {
                 "method": f"{s.method.upper()} ({s.name})" if s.name else s.method.upper(),
+                "summary": stage_summary(s.args),
                 "hyperparameters": stage_hyperparameters(s.args),
+                "reward_functions": reward_function_names(s.reward_funcs or self.shared["reward_funcs"]),
+                "papers": stage_papers(s.args),
             }
             for s in self.stages
         ]
         card = generate_sequential_model_card(
             base_model=base_model,
             model_name=self.output_dir.name,
+            hub_model_id=hub_model_id,
+            dataset_name=dataset_name,
             stages=stages,
             tags=["trl", "trl-es", *sorted({s.method for s in self.stages})],
+            stage_folders=stage_folders,
         )
         card.save(self.final_model(len(self.stages) - 1) / "README.md")
 
-    def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None) -> None:
-        """Push the final model (and its card) to `repo_id`; with `include_stages`, also every stage's final model
-        under `stage-<i>-<method>/`."""
-        from huggingface_hub import HfApi
+    def push_to_hub(
+        self,
+        repo_id: str,
+        include_stages: bool = False,
+        private: bool | None = None,
+        *,
+        revision: str | None = None,
+        commit_message: str | None = None,
+        token: str | None = None,
+        dataset_name: str | None = None,
+    ):
+        """Push the final model and its card to `repo_id` in one commit; with `include_stages`, every stage's final
+        model too, in the stage's folder (`stage-<i>-<method>/`). Call it from one process, after `train`.
 
-        api = HfApi()
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        api.upload_folder(repo_id=repo_id, folder_path=str(self.final_model(len(self.stages) - 1)))
-        if include_stages:
-            for index in range(len(self.stages)):
-                api.upload_folder(
-                    repo_id=repo_id, folder_path=str(self.final_model(index)), path_in_repo=self.stage_dir(index).name
-                )
+        Args:
+            repo_id (`str`): `name` (in the token's namespace) or `namespace/name`; created when missing.
+            include_stages (`bool`): Also push the model of every stage.
+            private (`bool`, *optional*): Visibility of a repository this creates.
+            revision (`str`, *optional*): The branch to commit to (default `main`); created from `main` when missing.
+            commit_message (`str`, *optional*): Default: the stages, e.g. `"ES → GRPO with trl-es: final model"`.
+            token (`str`, *optional*): Default: the saved token or `HF_TOKEN`.
+            dataset_name (`str`, *optional*): The training set's Hub id, named in the card.
+
+        Returns:
+            [`~huggingface_hub.CommitInfo`]: the commit (its `oid`, `commit_url`).
+        """
+        from huggingface_hub import CommitOperationAdd, HfApi
+
+        last = len(self.stages) - 1
+        if not (self.final_model(last) / "config.json").is_file():
+            raise FileNotFoundError(
+                f"No final model in {self.final_model(last)}: run `train()` before `push_to_hub`, with the same "
+                "output_dir."
+            )
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        if revision is not None and not revision.startswith("refs/pr/"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True)  # the Hub refuses commits to a missing branch
+        stage_folders = [self.stage_dir(index).name for index in range(len(self.stages))] if include_stages else None
+        folders = {"": self.final_model(last)}
+        for index, name in enumerate(stage_folders or []):
+            folders[f"{name}/"] = self.final_model(index)
+        self.create_model_card(dataset_name=dataset_name, hub_model_id=repo_id, stage_folders=stage_folders)
+        operations = [
+            CommitOperationAdd(path_in_repo=prefix + path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
+            for prefix, folder in folders.items()
+            for path in sorted(folder.rglob("*"))
+            if path.is_file()
+            and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+            and not (prefix and path.name == "README.md")  # the card is the repository's, at its root
+        ]
+        methods = " → ".join(stage.method.upper() for stage in self.stages)
+        pushed = "final model and every stage's" if include_stages else "final model"
+        return api.create_commit(
+            repo_id,
+            operations,
+            commit_message=commit_message or f"{methods} with trl-es: {pushed}",
+            revision=revision,
+        )
 
     def _run_stage(self, index: int, stage: Stage, model: str) -> None:
         args = copy.copy(stage.args)  # not dataclasses.replace: that would re-run the configs' __post_init__

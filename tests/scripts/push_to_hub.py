@@ -1,0 +1,64 @@
+"""Train the tiny model and push it to the Hub that HF_ENDPOINT names: ESTrainer, then a SequentialTrainer.
+
+Used by tests/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests/hub_server.py):
+    python push_to_hub.py MODEL WORK_DIR
+- `es-tiny`: ESTrainer with `push_to_hub=True` and `hub_strategy="checkpoint"` (a push at every save, the last
+  checkpoint under `last-checkpoint/`), then `trainer.push_to_hub(dataset_name=...)`;
+- `es-tiny-branch`: the same trainer pushed with `hub_revision="es-branch"`, to a branch of a new repo;
+- `es-then-grpo-tiny`: SequentialTrainer (ES then GRPO) pushed without its stages, and `es-then-grpo-tiny-stages`
+  with them (`include_stages=True`), to branch `stages`.
+"""
+
+import argparse
+import os
+
+from fast_es import fast_es_config, fast_grpo_config
+
+from trl_es import ESTrainer
+from trl_es.sequential.trainer import SequentialTrainer
+from trl_es.testing import digit_fraction, digit_prompts
+
+DATASET = "trl-lib/digits"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("work_dir")
+    cli = parser.parse_args()
+
+    args = fast_es_config(
+        f"{cli.work_dir}/es-tiny",
+        push_to_hub=True,
+        hub_strategy="checkpoint",
+        hub_always_push=True,  # every save pushes, even while the previous push still runs: a fixed list of commits
+        save_strategy="steps",
+        save_steps=1,
+    )
+    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
+    trainer.train()
+    trainer.push_to_hub(dataset_name=DATASET)
+    # The same trainer, to the branch `hub_revision` of another repo: push_to_hub creates both.
+    trainer.args.hub_model_id, trainer.args.hub_revision = "es-tiny-branch", "es-branch"
+    trainer.hub_model_id = None
+    trainer.push_to_hub(dataset_name=DATASET)
+
+    sequence = SequentialTrainer(
+        model=cli.model,
+        stages=[
+            fast_es_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2),
+            fast_grpo_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2),
+        ],
+        output_dir=f"{cli.work_dir}/es-then-grpo-tiny",
+        reward_funcs=digit_fraction,
+        train_dataset=digit_prompts(8),
+    )
+    sequence.train()
+    sequence.push_to_hub("es-then-grpo-tiny", dataset_name=DATASET)
+    sequence.push_to_hub("es-then-grpo-tiny-stages", include_stages=True, revision="stages", dataset_name=DATASET)
+    print("PUSHED")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    main()

@@ -1,0 +1,137 @@
+"""Model cards: what a reader of the Hub page learns about an ES (or ES-then-GRPO) model, and how it reads."""
+
+import pytest
+from scripts.fast_es import fast_es_config, fast_grpo_config
+
+from trl_es.trainer.model_card import (
+    ES_CARD_HYPERPARAMETERS,
+    es_hyperparameters,
+    es_papers,
+    generate_es_model_card,
+    generate_sequential_model_card,
+    stage_hyperparameters,
+    stage_papers,
+    stage_summary,
+)
+
+
+def accuracy_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def es_card(config, **overrides):
+    settings = dict(
+        base_model="Qwen/Qwen2.5-0.5B-Instruct",
+        model_name="Qwen2.5-0.5B-ES",
+        hub_model_id="someone/Qwen2.5-0.5B-ES",
+        dataset_name="openai/gsm8k",
+        tags=["trl", "trl-es", "es"],
+        hyperparameters=es_hyperparameters(config),
+        reward_functions=["accuracy_reward", "format_reward"],
+        reward_weights=[1.0, 0.5],
+        papers=es_papers(config),
+    )
+    return generate_es_model_card(**{**settings, **overrides})
+
+
+@pytest.fixture
+def config(tmp_path):
+    return fast_es_config(tmp_path / "run")
+
+
+def test_the_scheduler_is_written_as_in_the_config_not_as_an_enum(config):
+    content = es_card(config).content
+    assert "| `lr_scheduler_type` | `constant` |" in content
+    assert "SchedulerType" not in content
+
+
+@pytest.mark.parametrize("trackers", [{}, {"wandb_url": "https://wandb.ai/someone/run", "trackio_url": None}])
+def test_a_section_with_nothing_to_say_leaves_no_blank_lines(config, trackers):
+    content = es_card(config, **trackers).content
+    assert "\n\n\n" not in content
+    assert ("wandb.ai/someone/run" in content) == bool(trackers)
+
+
+def test_the_card_names_the_paper_base_model_dataset_and_weighted_rewards(config):
+    card = es_card(config)
+    assert card.data.base_model == "Qwen/Qwen2.5-0.5B-Instruct" and card.data.datasets == "openai/gsm8k"
+    content = card.content
+    assert (
+        "fine-tuned version of [Qwen/Qwen2.5-0.5B-Instruct](https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct)"
+        in content
+    )
+    assert "on the [openai/gsm8k](https://huggingface.co/datasets/openai/gsm8k) dataset" in content
+    assert "[Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning]" in content
+    assert "(https://huggingface.co/papers/2509.24372)" in content and "@article{qiu2025evolution," in content
+    assert "Reward functions (weight): `accuracy_reward` (1.0), `format_reward` (0.5)." in content
+    assert 'model="someone/Qwen2.5-0.5B-ES"' in content
+
+
+def test_equal_reward_weights_are_not_spelled_out(config):
+    content = es_card(config, reward_functions=["accuracy_reward"], reward_weights=None).content
+    assert "Reward functions: `accuracy_reward`." in content
+
+
+def test_every_es_hyperparameter_has_a_row_with_its_value_and_meaning(config):
+    lines = [line for line in es_card(config).content.splitlines() if line.startswith("| `")]
+    rows = {cells[0].strip("`"): cells[1:] for cells in (line.strip("| ").split(" | ") for line in lines)}
+    for name in ("population_size", "sigma", "antithetic", "fitness_shaping", "perturbation", "learning_rate"):
+        assert name in rows, name
+    shown = [name for name in ES_CARD_HYPERPARAMETERS if getattr(config, name) is not None] + ["max_steps"]
+    assert set(shown) == set(rows)
+    for name in shown:
+        value, meaning = rows[name]
+        assert value == f"`{'constant' if name == 'lr_scheduler_type' else getattr(config, name)}`", name
+        assert meaning.endswith(".") and len(meaning) > 10, (name, meaning)
+
+
+def test_low_rank_runs_show_their_rank_and_cite_eggroll(tmp_path):
+    config = fast_es_config(tmp_path / "run", perturbation="lowrank", lowrank_rank=2, noise_seed=7)
+    content = es_card(config).content
+    assert "| `lowrank_rank` | `2` |" in content and "| `noise_seed` | `7` |" in content
+    assert "low-rank perturbations of [Evolution Strategies at the Hyperscale]" in content
+    assert "@article{sarkar2025eggroll," in content
+
+
+def test_a_local_base_model_and_dataset_are_named_without_their_path(config, tmp_path):
+    data = tmp_path / "my-problems"
+    data.mkdir()
+    card = es_card(config, base_model=None, dataset_name=str(data))
+    assert "fine-tuned from a local checkpoint on a local dataset (`my-problems`)" in card.content
+    assert str(tmp_path) not in str(card) and card.data.datasets is None
+
+
+def sequential_card(tmp_path, **overrides):
+    stages = [
+        {
+            "method": method,
+            "summary": stage_summary(args),
+            "hyperparameters": stage_hyperparameters(args),
+            "reward_functions": ["accuracy_reward"],
+            "papers": stage_papers(args),
+        }
+        for method, args in (("ES", fast_es_config(tmp_path, sigma=0.05)), ("GRPO", fast_grpo_config(tmp_path)))
+    ]
+    settings = dict(base_model="Qwen/Qwen2.5-0.5B-Instruct", model_name="es-then-grpo", stages=stages, tags=["trl"])
+    return generate_sequential_model_card(**{**settings, **overrides})
+
+
+def test_the_sequential_card_has_a_line_and_a_section_per_stage(tmp_path):
+    content = sequential_card(tmp_path, dataset_name="openai/gsm8k").content
+    assert "trained in 2 stages with `trl-es`'s `SequentialTrainer`: ES → GRPO" in content
+    assert "| 0 | ES | `accuracy_reward` | `population_size=4` `sigma=0.05`" in content
+    assert "| 1 | GRPO | `accuracy_reward` | `learning_rate=1e-06` `beta=0.0`" in content
+    assert "### Stage 0: ES" in content and "| `sigma` | `0.05` | Standard deviation" in content
+    assert "### Stage 1: GRPO" in content and "| `beta` | `0.0` |" in content
+    for paper in ("2509.24372", "2402.03300", "2608.27351"):
+        assert f"https://huggingface.co/papers/{paper}" in content
+    assert "\n\n\n" not in content and "subfolder" not in content
+
+
+def test_the_sequential_card_points_at_the_stage_folders_when_they_are_pushed(tmp_path):
+    content = sequential_card(
+        tmp_path, hub_model_id="someone/run", stage_folders=["stage-0-es", "stage-1-grpo"]
+    ).content
+    assert 'from_pretrained("someone/run", subfolder="stage-0-es")' in content
+    assert "| `stage-0-es/` |" in content and "| `stage-1-grpo/` |" in content
+    assert "\n\n\n" not in content
