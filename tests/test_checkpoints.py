@@ -1,7 +1,6 @@
 """Checkpoints are Hugging Face format, resume continues the same run bit for bit, and failures lose nothing."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -63,13 +62,24 @@ def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_mod
 
 
 def test_resume_true_skips_a_half_written_checkpoint(tiny_model_path, prompts, make_config):
-    config = resumable_config(make_config)
+    config = resumable_config(make_config, max_steps=2, save_steps=1)
     ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
-    output = Path(config.output_dir)
-    half_written = output / "checkpoint-6"
-    shutil.copytree(output / "checkpoint-4", half_written)
-    (half_written / "trainer_state.json").unlink()  # as if the process died while saving
-    assert last_complete_checkpoint(output) == str(output / "checkpoint-4")
+    half_written = Path(config.output_dir) / "checkpoint-2"
+    uninterrupted = load_file(half_written / "model.safetensors")
+    state = half_written / "trainer_state.json"
+    state.write_text(state.read_text()[:100])  # as if the process died (or the disk filled) while writing it
+    calls = []
+
+    def counted(completions, **kwargs):
+        calls.append(len(completions))
+        return digit_fraction(completions)
+
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=counted, args=config, train_dataset=prompts)
+    with pytest.warns(UserWarning, match=r"Skipping .*checkpoint-2, .*trainer_state.json does not parse"):
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 2 and len(calls) == config.population_size  # one step, from checkpoint-1
+    assert_bitwise_equal(uninterrupted, {name: p.detach() for name, p in resumed.model.named_parameters()})
+    assert json.loads(state.read_text())["global_step"] == 2  # rewritten whole
 
 
 def test_a_crash_mid_training_keeps_the_last_checkpoint_and_the_centre_weights(tiny_model_path, prompts, make_config):

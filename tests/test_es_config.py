@@ -45,11 +45,28 @@ def test_grpo_only_fields_exist_in_grpo_config():
         ({"learning_rate": -1.0}, "learning_rate .* got -1.0"),
         ({"temperature": -0.5}, "temperature must be >= 0"),
         ({"num_generations": 0}, "num_generations must be >= 1, got 0"),
+        # Values that made the master non-finite, or that transformers and numpy refused only at train time (issue 16)
+        ({"weight_decay": float("nan")}, "weight_decay must be a finite number >= 0, got nan"),
+        ({"weight_decay": -0.1}, "weight_decay must be a finite number >= 0, got -0.1"),
+        ({"weight_decay": 1e39}, "weight_decay must be a finite number >= 0, got 1e[+]39"),
+        ({"learning_rate": 1e39}, r"learning_rate .* float32 can hold .* got 1e\+39"),
+        ({"learning_rate": float("inf")}, "learning_rate .* got inf"),
+        ({"sigma": 1e39}, r"sigma=1e\+39 overflows float32"),
+        ({"learning_rate": 0.5, "weight_decay": 2.0}, "learning_rate [*] weight_decay = 0.5 [*] 2.0 >= 1"),
+        ({"reward_weights": [1.0, float("nan")]}, r"reward_weights must be finite numbers, got \[1.0, nan\]"),
+        ({"max_completion_length": 0}, "max_completion_length must be an integer >= 1 .*got 0"),
+        ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\] .*got -1"),
+        ({"noise_seed": -3}, "noise_seed must be an integer >= 0 .*got -3"),
     ],
 )
 def test_invalid_values_fail_at_construction_naming_the_value(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         ESConfig(str(tmp_path), **overrides)
+
+
+def test_a_learning_rate_of_one_or_more_warns_that_it_erases_the_model(tmp_path):
+    with pytest.warns(UserWarning, match="learning_rate=2.0 is the ES step size"):
+        ESConfig(str(tmp_path), learning_rate=2.0)
 
 
 def test_one_completion_per_prompt_is_valid_with_any_batch_size(tmp_path):

@@ -191,6 +191,8 @@ def _server_backend(args, master, parameters, resumed_from):
             "the model in a single dtype (`model_init_kwargs={'dtype': ...}`, `cast_lm_head_to_fp32=False`)."
         )
     base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-    backend = VLLMServerBackend(base_url, master, timeout=args.vllm_server_timeout)
+    backend = VLLMServerBackend(
+        base_url, master, timeout=args.vllm_server_timeout, secret_file=args.vllm_server_secret_file
+    )
     backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."), checkpoint=resumed_from)
     return backend

@@ -2,16 +2,20 @@
 
 The trainer keeps its own float32 master (for checkpoints) and the server keeps one too (in the worker extension,
 `vllm_worker.py`). Both apply the same update from the same coefficients, and their digests are compared at the start
-and every `consistency_check_steps` steps, so an unreachable, foreign or restarted server is a clear error rather
-than a silent divergence.
+and every `consistency_check_steps` steps. Control calls go through the server's authenticated channel
+(`control_channel.py`); each load names the load it expects the engine to still hold, so weights changed during a
+member's generation are caught before its fitness is used. A killed, restarted, foreign or taken-over server is an
+error that says which.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
 
 import requests
 
@@ -19,9 +23,13 @@ from ..core.consistency import master_digest, stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
+from .control_channel import CONTROL_PATH, trainer_secret
 from .sampling import SamplingSettings
 
+logger = logging.getLogger(__name__)
+
 SERVE_HINT = "Start one with `trl-es vllm-serve --model <the same model>` (see `trl-es vllm-serve --help`)."
+RESUME_HINT = "Restart `trl-es vllm-serve` if needed and resume training from the last checkpoint."
 
 
 class VLLMServerError(RuntimeError):
@@ -32,6 +40,22 @@ class VLLMServerUnreachable(VLLMServerError):
     """Nothing answers at the server's address."""
 
 
+class VLLMServerStopped(VLLMServerUnreachable):
+    """The server answered earlier in the run and no longer does: it was killed or crashed."""
+
+
+class VLLMServerRestarted(VLLMServerError):
+    """Another server process answers at the address: the run's weights in the server are gone."""
+
+
+class VLLMServerTakenOver(VLLMServerError):
+    """Another trainer started its own run in the server."""
+
+
+class VLLMServerWeightsChanged(VLLMServerError):
+    """The engine's weights changed while it generated for this run."""
+
+
 class VLLMServerBackend(OneMemberAtATime):
     """Generation and member weights in a remote `trl-es vllm-serve` server.
 
@@ -39,71 +63,116 @@ class VLLMServerBackend(OneMemberAtATime):
         base_url (`str`): The server, e.g. `http://127.0.0.1:8000`.
         master ([`MasterWeights`]): The trainer's float32 master, which the server's must equal.
         timeout (`float`): Seconds to wait for one request.
+        secret_file (`str`, *optional*): The file holding the server's control secret; default:
+            `TRL_ES_SERVER_SECRET`, else the file `trl-es vllm-serve` writes for the server's port.
     """
 
-    def __init__(self, base_url: str, master: MasterWeights, timeout: float = 600):
+    def __init__(self, base_url: str, master: MasterWeights, timeout: float = 600, secret_file: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.master = master
         self.timeout = timeout
         self.session = requests.Session()
         self.run_id = uuid.uuid4().hex
         self.weights_tag = self.run_id
+        self.instance: str | None = None  # the server process that holds this run (set by `start_run`)
+        self.load = "0"  # the number of the last load this run made in the engine
+        self._answered_instance: str | None = None  # the instance named by the last control answer
         self.served_model = self._served_model()
+        secret, self.secret_source = trainer_secret(secret_file, urlparse(self.base_url).port or 8000)
+        self.session.headers["Authorization"] = f"Bearer {secret}"
 
     # HTTP -----------------------------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, payload: dict | None = None) -> requests.Response:
         try:
-            response = self.session.request(method, f"{self.base_url}{path}", json=payload, timeout=self.timeout)
-        except requests.ConnectionError as error:
-            raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
-        if response.status_code == 404 and path == "/collective_rpc":
-            raise VLLMServerError(
-                f"The vLLM server at {self.base_url} has no /collective_rpc endpoint: it was not started in dev mode "
-                f"with the trl-es worker extension. {SERVE_HINT}"
-            )
-        if not response.ok:
-            raise VLLMServerError(
-                f"The vLLM server at {self.base_url} answered {path} with {response.status_code}: "
-                f"{response.text[:1000]}"
-            )
-        return response
+            return self.session.request(method, f"{self.base_url}{path}", json=payload, timeout=self.timeout)
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as error:
+            if self.instance is None:
+                raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
+            raise VLLMServerStopped(
+                f"The vLLM server at {self.base_url} stopped answering during the run ({method} {path}): it was "
+                f"killed or crashed, and this run's weights in it are gone. {RESUME_HINT}"
+            ) from error
 
     def _served_model(self) -> str:
-        return self._request("GET", "/v1/models").json()["data"][0]["id"]
+        response = self._request("GET", "/v1/models")
+        if not response.ok:
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} answered /v1/models with {response.status_code}"
+            )
+        return response.json()["data"][0]["id"]
 
-    def _rpc(self, method: str, *args) -> list:
-        """Call `method` of the worker extension in every worker of the server; returns one result per worker."""
-        payload = {"method": method, "args": [str(arg) for arg in args], "timeout": self.timeout}
+    def _control(self, method: str, *args) -> list:
+        """Run `method` of the worker extension in every worker of the server; returns one result per worker."""
+        response = self._request("POST", f"{CONTROL_PATH}{method}", {"args": [str(arg) for arg in args]})
         try:
-            return self._request("POST", "/collective_rpc", payload).json()["results"]
-        except VLLMServerError as error:
-            if "holds no ES run" in str(error):
-                raise VLLMServerError(
-                    f"The vLLM server at {self.base_url} lost this run's weights (restarted, or taken over by "
-                    "another trainer). Restart training from the last checkpoint."
-                ) from error
-            raise
+            answer = response.json()
+        except ValueError:
+            answer = {}
+        instance = answer.get("instance") if isinstance(answer, dict) else None
+        self._answered_instance = instance
+        if instance is None:
+            raise VLLMServerError(
+                f"The server at {self.base_url} has no trl-es control channel ({method} answered "
+                f"{response.status_code}): it is not a `trl-es vllm-serve` server, so it does not run the trl-es "
+                f"worker extension. {SERVE_HINT}"
+            )
+        if self.instance is not None and instance != self.instance:
+            raise VLLMServerRestarted(
+                f"The vLLM server at {self.base_url} was restarted during the run (server instance {self.instance} "
+                f"is now {instance}): the new process does not hold this run's weights. {RESUME_HINT}"
+            )
+        if response.ok:
+            return answer["results"]
+        error, message = answer.get("error"), answer.get("message", response.text[:1000])
+        if error == "unauthorized":
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} refused the control secret from {self.secret_source}: it is not "
+                "this server's. Point `vllm_server_secret_file` to the file the server printed at start (or set "
+                "TRL_ES_SERVER_SECRET to the same value for both)."
+            )
+        if error == "run_lost" and answer.get("current_run"):
+            raise VLLMServerTakenOver(
+                f"The vLLM server at {self.base_url} was taken over by another trainer: its run "
+                f"{answer['current_run']} replaced this run {self.run_id}, so the server's weights no longer follow "
+                f"this run. Give each trainer its own server (port), and resume from the last checkpoint."
+            )
+        if error == "run_lost":
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} lost this run's weights ({message}). {RESUME_HINT}"
+            )
+        if error == "weights_changed":
+            raise VLLMServerWeightsChanged(
+                f"The vLLM server at {self.base_url} changed the engine's weights behind the trainer's back: "
+                f"{message} The completions of that generation are not this run's; stop whatever else drives the "
+                f"server and resume from the last checkpoint."
+            )
+        raise VLLMServerError(
+            f"The vLLM server at {self.base_url} answered {method} with {response.status_code}: {message}"
+        )
 
     # Backend ----------------------------------------------------------------------------------------------------
 
     def start_run(self, parameter_dtype: str, checkpoint: str | None = None) -> None:
         """Check that the server runs the trl-es extension, create this run's master in it and check that it equals
         the trainer's."""
-        try:
-            self._rpc("es_version")
-        except VLLMServerUnreachable:
-            raise
-        except VLLMServerError as error:
-            raise VLLMServerError(
-                f"The vLLM server at {self.base_url} does not run the trl-es worker extension ({error}). {SERVE_HINT}"
-            ) from error
+        self._control("es_version")
         names = json.dumps(list(self.master.tensors))
         # A resumed run's master is in its checkpoint, which the server reads (it must see the same filesystem).
         resume_from = os.path.abspath(checkpoint) if checkpoint else ""
         sigma = repr(float(self.master.sigma))
-        digests = set(self._rpc("es_init", self.run_id, names, parameter_dtype, sigma, resume_from))
+        started = self._control("es_init", self.run_id, names, parameter_dtype, sigma, resume_from)
+        self.instance = self._answered_instance
+        self.load = started[0]["load"]
         self.weights_tag = uuid.uuid4().hex
+        replaced = started[0]["replaced"]
+        if replaced:
+            logger.warning(
+                f"The vLLM server at {self.base_url} was running ES run {replaced['run_id']} (last call "
+                f"{replaced['idle_seconds']:.0f} s ago); this trainer took it over, and that run's trainer stops at "
+                "its next call."
+            )
+        digests = {result["master_digest"] for result in started}
         expected = master_digest(self.master.tensors)
         if digests != {expected}:
             raise VLLMServerError(
@@ -114,20 +183,23 @@ class VLLMServerBackend(OneMemberAtATime):
             )
 
     def load_member(self, member: Member) -> None:
-        self._rpc("es_load_member", self.run_id, member.seed, member.sign)
+        [self.load] = set(self._control("es_load_member", self.run_id, self.load, member.seed, member.sign))
         self.weights_tag = uuid.uuid4().hex
 
     def load_center(self) -> None:
-        self._rpc("es_load_center", self.run_id)
+        [self.load] = set(self._control("es_load_center", self.run_id, self.load))
         self.weights_tag = uuid.uuid4().hex
 
     def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
         # JSON floats round-trip exactly, so the server applies bit-for-bit the trainer's update.
-        self._rpc("es_apply_update", self.run_id, json.dumps(coefficients), repr(float(lr)), repr(float(weight_decay)))
+        self._control(
+            "es_apply_update", self.run_id, json.dumps(coefficients), repr(float(lr)), repr(float(weight_decay))
+        )
         self.load_center()
 
     def generate_center(self, prompt_ids: list[list[int]], sampling: SamplingSettings, seed: int | None):
-        """Completions with the weights the server holds (the centre, between calls)."""
+        """Completions with the weights the server holds (the centre, or the member `load_member` loaded), checked
+        afterwards to be exactly the weights this run loaded last."""
 
         def complete(row: int) -> list[int]:
             payload = {
@@ -137,15 +209,23 @@ class VLLMServerBackend(OneMemberAtATime):
                 "cache_salt": self.weights_tag,  # no KV block computed under other weights can match
                 **sampling.vllm_params(seed, row),
             }
-            return list(self._request("POST", "/v1/completions", payload).json()["choices"][0]["token_ids"])
+            response = self._request("POST", "/v1/completions", payload)
+            if not response.ok:
+                raise VLLMServerError(
+                    f"The vLLM server at {self.base_url} answered /v1/completions with {response.status_code}: "
+                    f"{response.text[:1000]}"
+                )
+            return list(response.json()["choices"][0]["token_ids"])
 
         # One request per row (each row has its own seed); concurrent, so the server batches them.
         with ThreadPoolExecutor(max_workers=min(64, max(1, len(prompt_ids)))) as pool:
-            return list(pool.map(complete, range(len(prompt_ids))))
+            completions = list(pool.map(complete, range(len(prompt_ids))))
+        self._control("es_verify", self.run_id, self.load)  # nothing rewrote the weights while they generated
+        return completions
 
     def check_consistency(self, step: int) -> None:
         expected = master_digest(self.master.tensors)
-        reports = self._rpc("es_checksum", self.run_id)
+        reports = self._control("es_checksum", self.run_id, self.load)
         for report in reports:
             if report["master_digest"] != expected:
                 raise VLLMServerError(

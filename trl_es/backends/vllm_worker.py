@@ -3,120 +3,235 @@
 `trl-es vllm-serve` starts vLLM's OpenAI server with `--worker-extension-cls
 trl_es.backends.vllm_worker.ESWorkerExtension`. The extension keeps a float32 master of the Hugging Face weights
 inside the server and regenerates every member's noise there from its seed, so a training step sends a few scalars
-(seeds, sigma, update coefficients) through vLLM's dev-mode `/collective_rpc`, which passes string arguments only.
-No NCCL group is needed, which is why this also works where TRL's weight sync cannot (on CPU).
+(seeds, sigma, update coefficients) through the server's authenticated control channel (`vllm_control.py`), which
+passes string arguments only. No NCCL group is needed, which is why this also works where TRL's weight sync cannot
+(on CPU).
 
 Each method runs in every worker of the server (one per tensor-parallel rank); each keeps its own master and lets
-vLLM's `load_weights` pick its shard.
+vLLM's `load_weights` pick its shard. Each returns `{"result": ...}`, or `{"error": kind, "message": ...}` when it
+refuses (the kinds of `control_channel.ERROR_STATUS`).
+
+Weights changed behind the trainer's back are caught: every load is numbered and the engine fingerprinted right
+after it (`engine_fingerprint`); after each generation the trainer calls `es_verify` with the load it expects the
+engine to hold, which checks both, so a member whose generation saw other weights, whoever wrote them, never reaches
+an update.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE
-from ..core.consistency import layout_free_stats, master_digest
+from ..core.consistency import engine_fingerprint, layout_free_stats, master_digest
 from ..core.master import MasterWeights
 from ..core.noise import Member
+from .control_channel import CHECKPOINT_DIR_ENV
+from .vllm_compat import served_model_path, worker_model
 from .vllm_cpu import keep_plain_linear_weights_on_cpu
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.
 keep_plain_linear_weights_on_cpu()
 
 
-def _checkpoint_files(model: str) -> list[Path]:
-    path = Path(model)
-    if not path.is_dir():
-        from huggingface_hub import snapshot_download
+class Refused(Exception):
+    """A control call the worker will not carry out; `kind` is one of `control_channel.ERROR_STATUS`."""
 
-        path = Path(snapshot_download(model, allow_patterns=["*.safetensors", "*.json"]))
+    def __init__(self, kind: str, message: str, **details):
+        super().__init__(message)
+        self.kind, self.details = kind, details
+
+
+def control_call(method):
+    """Wrap a worker method's result (or refusal) in the dict the control channel answers with."""
+
+    @functools.wraps(method)
+    def call(self, *args):
+        try:
+            return {"result": method(self, *args)}
+        except Refused as refusal:
+            return {"error": refusal.kind, "message": str(refusal), **refusal.details}
+
+    return call
+
+
+def _safetensors_in(path: Path) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors weights; the ES worker reads the master from them.")
     return files
 
 
-def _read_checkpoint(model: str) -> dict[str, torch.Tensor]:
+def _served_checkpoint_files(model: str) -> list[Path]:
+    """The served model's weights: its folder, or the Hub snapshot vLLM already downloaded (never downloaded here)."""
+    path = Path(model)
+    if not path.is_dir():
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(model, allow_patterns=["*.safetensors", "*.json"], local_files_only=True))
+    return _safetensors_in(path)
+
+
+def _resume_checkpoint(resume_from: str) -> Path:
+    """The trainer's checkpoint folder, if it lies under the server's `--checkpoint_dir` (symlinks resolved)."""
+    root = os.environ.get(CHECKPOINT_DIR_ENV)
+    if not root:
+        raise Refused(
+            "checkpoint_refused",
+            f"The trainer resumes from {resume_from}, but this server reads no checkpoints: it was started without "
+            "--checkpoint_dir. Restart it with `trl-es vllm-serve ... --checkpoint_dir <the trainer's output_dir>`.",
+        )
+    real, real_root = os.path.realpath(resume_from), os.path.realpath(root)
+    if os.path.commonpath([real, real_root]) != real_root or not os.path.isdir(real):
+        raise Refused(
+            "checkpoint_refused",
+            f"The trainer resumes from {resume_from}, which is not a folder under this server's --checkpoint_dir "
+            f"{root}. Resume from a checkpoint under it, or restart the server with --checkpoint_dir set to the "
+            "folder that holds the trainer's checkpoints (its output_dir). The server never downloads checkpoints.",
+        )
+    return Path(real)
+
+
+def _read(files: list[Path]) -> dict[str, torch.Tensor]:
     tensors = {}
-    for file in _checkpoint_files(model):
+    for file in files:
         tensors.update(load_file(file))
     return tensors
 
 
 class ESWorkerExtension:
-    """Methods that the trainer calls through `/collective_rpc`. Arguments arrive as strings."""
+    """Methods that the trainer calls through the server's control channel. Arguments arrive as strings."""
 
-    def _es_model(self):
-        return self.model_runner.model
+    def _es_engine_fingerprint(self) -> dict:
+        return engine_fingerprint(worker_model(self).named_parameters())
 
     def _es_run(self, run_id: str) -> dict:
         state = getattr(self, "_es_state", None)
         if state is None or state["run_id"] != run_id:
-            raise RuntimeError(
-                f"This vLLM server holds no ES run {run_id!r}: it was restarted, or another trainer took it over. "
-                "Its weights no longer follow the run; restart the training from its last checkpoint."
+            current = None if state is None else state["run_id"]
+            raise Refused(
+                "run_lost",
+                f"This vLLM server holds no ES run {run_id!r} "
+                + (f"(it serves run {current!r} now)." if current else "(it holds no run)."),
+                current_run=current,
             )
+        state["last_call"] = time.monotonic()
         return state
 
-    def _es_load(self, named_tensors) -> None:
-        dtype = next(self._es_model().parameters()).dtype
-        self._es_model().load_weights((name, tensor.to(dtype)) for name, tensor in named_tensors)
+    def _es_check_unchanged(self, state: dict, expected_load: str, fingerprint: bool = True) -> None:
+        """Refuse if the engine no longer holds load number `expected_load` (and, with `fingerprint`, exactly as it
+        was written)."""
+        if int(expected_load) != state["load"]:
+            raise Refused(
+                "weights_changed",
+                f"The engine's weights were rewritten during the run: the trainer expects its load #{expected_load} "
+                f"in place, but the engine holds load #{state['load']} ({state['holds']}), which another caller "
+                "holding this server's secret made.",
+            )
+        if not fingerprint:
+            return
+        now = self._es_engine_fingerprint()
+        changed = [name for name, value in state["fingerprint"].items() if now.get(name) != value]
+        if changed:
+            raise Refused(
+                "weights_changed",
+                f"The engine's weights changed while it generated with {state['holds']} (load #{state['load']}) "
+                f"without any control call: something inside the server rewrote {len(changed)} tensors, e.g. "
+                f"{changed[:3]}.",
+            )
 
+    def _es_write(self, state: dict, named_tensors, holds: str) -> str:
+        """Load `named_tensors` into the engine and record what it holds; returns the new load number."""
+        dtype = next(worker_model(self).parameters()).dtype
+        worker_model(self).load_weights((name, tensor.to(dtype)) for name, tensor in named_tensors)
+        state["load"] += 1
+        state["holds"], state["fingerprint"] = holds, self._es_engine_fingerprint()
+        return str(state["load"])
+
+    @control_call
     def es_version(self) -> str:
         from .. import __version__
 
         return __version__
 
-    def es_init(self, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "") -> str:
+    @control_call
+    def es_init(self, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "") -> dict:
         """Start a run: build the master of the evolving parameters `names_json` from the served checkpoint, rounded
         through the trainer's parameter dtype so both masters start equal; or, when the trainer resumes, from its
-        checkpoint `resume_from` (weights plus the float32 masters of `es_state/`). Members are perturbed with noise
-        scale `sigma`. Returns the master digest."""
+        checkpoint `resume_from` (weights plus the float32 masters of `es_state/`), which must lie under the
+        server's `--checkpoint_dir`. Members are perturbed with noise scale `sigma`. A run in progress is replaced
+        (its trainer is told at its next call). Returns the master digest, the load number, and the replaced run."""
         names = json.loads(names_json)
         dtype = getattr(torch, trainer_dtype)
-        checkpoint = _read_checkpoint(self.vllm_config.model_config.model)
-        if resume_from:
-            checkpoint.update(_read_checkpoint(resume_from))
+        resumed = _resume_checkpoint(resume_from) if resume_from else None
+        checkpoint = _read(_served_checkpoint_files(served_model_path(self)))
+        if resumed is not None:
+            checkpoint.update(_read(_safetensors_in(resumed)))
         missing = [name for name in names if name not in checkpoint]
         if missing:
             raise KeyError(
                 f"The served checkpoint has no tensors named {missing[:5]}: the server and the trainer must load the "
                 "same model."
             )
-        device = next(self._es_model().parameters()).device
+        device = next(worker_model(self).parameters()).device
         evolving = {name: checkpoint[name].to(device=device, dtype=dtype) for name in names}
         frozen = [tensor for name, tensor in checkpoint.items() if name not in evolving]
-        if resume_from:
-            evolving.update(load_file(Path(resume_from) / ES_STATE_DIR / MASTER_FILE, device=str(device)))
-        self._es_state = {"run_id": run_id, "master": MasterWeights(evolving, float(sigma)), "frozen": frozen}
-        self._es_load(self._es_state["master"].tensors.items())
-        return master_digest(self._es_state["master"].tensors)
+        if resumed is not None:
+            evolving.update(load_file(resumed / ES_STATE_DIR / MASTER_FILE, device=str(device)))
+        previous = getattr(self, "_es_state", None)
+        replaced = None
+        if previous is not None and previous["run_id"] != run_id:
+            replaced = {"run_id": previous["run_id"], "idle_seconds": time.monotonic() - previous["last_call"]}
+        master = MasterWeights(evolving, float(sigma))
+        state = {"run_id": run_id, "master": master, "frozen": frozen, "load": 0, "last_call": time.monotonic()}
+        self._es_state = state
+        load = self._es_write(state, master.tensors.items(), "the centre")
+        return {"master_digest": master_digest(master.tensors), "load": load, "replaced": replaced}
 
-    def es_load_member(self, run_id: str, seed: str, sign: str) -> None:
-        master = self._es_run(run_id)["master"]
-        self._es_load(master.perturbed(Member(int(seed), int(sign))))
+    @control_call
+    def es_load_member(self, run_id: str, expected_load: str, seed: str, sign: str) -> str:
+        """Check that no other load followed load `expected_load`, then load member `(seed, sign)`; returns its load
+        number."""
+        state = self._es_run(run_id)
+        self._es_check_unchanged(state, expected_load, fingerprint=False)  # `es_verify` checked it after generating
+        member = Member(int(seed), int(sign))
+        return self._es_write(state, state["master"].perturbed(member), f"member (seed {seed}, sign {sign})")
 
-    def es_load_center(self, run_id: str) -> None:
-        self._es_load(self._es_run(run_id)["master"].tensors.items())
+    @control_call
+    def es_load_center(self, run_id: str, expected_load: str) -> str:
+        """Check that no other load followed load `expected_load`, then load the centre; returns its load number."""
+        state = self._es_run(run_id)
+        self._es_check_unchanged(state, expected_load, fingerprint=False)
+        return self._es_write(state, state["master"].tensors.items(), "the centre")
 
+    @control_call
+    def es_verify(self, run_id: str, expected_load: str) -> None:
+        """After a generation: check that the engine still holds load `expected_load`, exactly as it was written."""
+        self._es_check_unchanged(self._es_run(run_id), expected_load)
+
+    @control_call
     def es_apply_update(self, run_id: str, coefficients_json: str, lr: str, weight_decay: str) -> None:
         coefficients = {int(seed): value for seed, value in json.loads(coefficients_json).items()}
         self._es_run(run_id)["master"].apply_update(coefficients, float(lr), float(weight_decay))
 
-    def es_checksum(self, run_id: str) -> dict:
-        """The master digest, and the engine's layout-free statistics with what the master predicts for them."""
+    @control_call
+    def es_checksum(self, run_id: str, expected_load: str) -> dict:
+        """The master digest, and the engine's layout-free statistics with what the master predicts for them (after
+        checking that the engine still holds load `expected_load`)."""
         state = self._es_run(run_id)
-        engine_dtype = next(self._es_model().parameters()).dtype
+        self._es_check_unchanged(state, expected_load)
+        engine_dtype = next(worker_model(self).parameters()).dtype
         masters = state["master"].tensors.values()
         predicted = layout_free_stats([*masters, *state["frozen"]], dtype=engine_dtype)
         return {
             "master_digest": master_digest(state["master"].tensors),
-            "engine_stats": list(layout_free_stats(self._es_model().parameters())),
+            "engine_stats": list(layout_free_stats(worker_model(self).parameters())),
             "predicted_engine_stats": list(predicted),
             "pid": os.getpid(),
         }

@@ -3,23 +3,35 @@
 The Hugging Face weights in a checkpoint are `cast(master)`. For float32 parameters that is the master itself; for
 bf16/fp16 ones it is not, so their float32 master is saved beside them. The starting weights (in their original dtype,
 hence exact) are saved too, so that the parameter shift logged after a resume is still measured from the run's start.
+
+Nothing non-finite is written, and nothing is resumed from without being checked: `checkpoint_problem` says why a
+checkpoint cannot be resumed (a file cut off by a crash or a full disk, a missing ES state), `last_complete_checkpoint`
+skips such checkpoints with a warning, and `load_es_state` names the file that does not parse.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
+import zipfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .guards import check_finite_tensors
 
 ES_STATE_DIR = "es_state"
 MASTER_FILE = "master.safetensors"
 REFERENCE_FILE = "reference.safetensors"
 META_FILE = "es_state.json"
 FORMAT_VERSION = 1
+TRAINER_STATE_FILE = "trainer_state.json"
+# The weight files a Trainer checkpoint holds, one of: a single file, a sharded index, a PEFT adapter (safetensors).
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 
 
 def _contiguous_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -33,7 +45,10 @@ def save_es_state(
     reference: dict[str, torch.Tensor],
     metadata: dict,
 ) -> None:
-    """Write the ES state of a run into `checkpoint_dir/es_state/`; the metadata file is written last."""
+    """Write the ES state of a run into `checkpoint_dir/es_state/`; the metadata file is written last. Raises
+    `NonFiniteError`, writing nothing, if a master tensor holds NaN or infinity (the reference weights were checked
+    when the run started or was resumed)."""
+    check_finite_tensors(master, f"The ES master tensors to be written to {checkpoint_dir}")
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
     lossy = {name: tensor for name, tensor in master.items() if parameter_dtypes[name] != torch.float32}
@@ -43,34 +58,185 @@ def save_es_state(
 
 
 def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
-    """Read `(float32 masters of non-float32 parameters, reference weights, metadata)` from a checkpoint."""
+    """Read `(float32 masters of non-float32 parameters, reference weights, metadata)` from a checkpoint; a file that
+    does not parse is a `ValueError` naming it."""
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     if not (state_dir / META_FILE).is_file():
         raise FileNotFoundError(
             f"{checkpoint_dir} has no ES state ({ES_STATE_DIR}/{META_FILE}), so it was not written by a finished "
-            "ESTrainer checkpoint save. Resume from an earlier checkpoint, or pass `resume_from_checkpoint=True` to "
-            "pick the last complete one."
+            "ESTrainer checkpoint save (or was saved with save_only_model=True, which leaves it out). Resume from an "
+            "earlier checkpoint, or pass `resume_from_checkpoint=True` to pick the last complete one."
+        )
+    problem = _es_state_problem(state_dir)
+    if problem is not None:
+        raise ValueError(
+            f"Cannot resume from {checkpoint_dir}: {problem}. Resume from an earlier checkpoint, or pass "
+            "`resume_from_checkpoint=True` to pick the last complete one."
         )
     metadata = json.loads((state_dir / META_FILE).read_text())
-    if metadata.get("format_version") != FORMAT_VERSION:
+    masters, reference = load_file(state_dir / MASTER_FILE), load_file(state_dir / REFERENCE_FILE)
+    check_finite_tensors(masters, f"The tensors of {state_dir / MASTER_FILE}")
+    check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
+    return masters, reference, metadata
+
+
+def check_saved_tensors(
+    path: str | os.PathLike,
+    saved: dict[str, torch.Tensor],
+    parameters: dict[str, torch.Tensor],
+    complete: bool = False,
+) -> None:
+    """Refuse tensors read from `path` that are not parameters of the model (or, with `complete`, miss one), that do
+    not have their parameter's shape (a smaller tensor would be broadcast by `copy_`), or are not floating point."""
+    unknown = sorted(set(saved) - set(parameters))
+    missing = sorted(set(parameters) - set(saved)) if complete else []
+    if unknown or missing:
         raise ValueError(
-            f"{checkpoint_dir} holds ES state format {metadata.get('format_version')}, but this trl-es reads format "
-            f"{FORMAT_VERSION}. Resume it with the trl-es version that wrote it."
+            f"{path} does not match the model's evolving parameters: unexpected {unknown[:5]}, missing {missing[:5]}. "
+            "Resume with the same model (and PEFT configuration) that wrote the checkpoint."
         )
-    return load_file(state_dir / MASTER_FILE), load_file(state_dir / REFERENCE_FILE), metadata
+    for name, tensor in saved.items():
+        expected = tuple(parameters[name].shape)
+        if tuple(tensor.shape) != expected or not tensor.is_floating_point():
+            raise ValueError(
+                f"{path} holds {name!r} as a {tensor.dtype} tensor of shape {tuple(tensor.shape)}, but the model's "
+                f"parameter has shape {expected}. Resume with the same model (and PEFT configuration) that wrote the "
+                "checkpoint."
+            )
+
+
+def float32_model_weights(checkpoint_dir: str | os.PathLike, names: list[str]) -> dict[str, torch.Tensor]:
+    """The float32 tensors among `names` in the checkpoint's model files (`model.safetensors`, or its shards): for a
+    float32 run they are the master itself. Names stored in another dtype, or not found, are left out."""
+    checkpoint_dir = Path(checkpoint_dir)
+    files = {}
+    if (checkpoint_dir / "model.safetensors").is_file():
+        files = dict.fromkeys(names, "model.safetensors")
+    elif (checkpoint_dir / "model.safetensors.index.json").is_file():
+        weight_map = json.loads((checkpoint_dir / "model.safetensors.index.json").read_text())["weight_map"]
+        files = {name: weight_map[name] for name in names if name in weight_map}
+    found = {}
+    for file in sorted(set(files.values())):
+        with safe_open(checkpoint_dir / file, "pt") as weights:
+            available = set(weights.keys())
+            for name in (n for n, f in files.items() if f == file and n in available):
+                tensor = weights.get_tensor(name)
+                if tensor.dtype == torch.float32:
+                    found[name] = tensor
+    return found
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why the Trainer checkpoint at `path` cannot be resumed from, or None when every file it needs parses: the
+    Trainer state, the model weights, the ES state and the Trainer's optimizer, scheduler and RNG files. Only headers
+    and small files are read, never the weights themselves."""
+    path = Path(path)
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    problem = _json_problem(path / TRAINER_STATE_FILE, "the save did not finish")
+    if problem is None:
+        problem = _model_files_problem(path)
+    if problem is None:
+        state_dir = path / ES_STATE_DIR
+        if not (state_dir / META_FILE).is_file():
+            return (
+                f"it has no {ES_STATE_DIR}/{META_FILE}: the run was saved with save_only_model=True (which writes "
+                "only the weights; train with save_only_model=False to resume), or the save did not finish"
+            )
+        problem = _es_state_problem(state_dir)
+    if problem is None:
+        for trainer_file in sorted([*path.glob("*.pt"), *path.glob("*.pth")]):
+            try:
+                zipfile.ZipFile(trainer_file).close()
+            except (zipfile.BadZipFile, OSError) as error:
+                return f"{trainer_file} does not parse ({error}): the save did not finish"
+    return problem
+
+
+def checkpoints(output_dir: str | os.PathLike) -> list[tuple[Path, str | None]]:
+    """Every `checkpoint-<step>` in `output_dir`, newest first, with why it cannot be resumed from (None: it can)."""
+    numbered = []
+    for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = path.name[len(PREFIX_CHECKPOINT_DIR) + 1 :]
+        if suffix.isdigit() and path.is_dir():
+            numbered.append((int(suffix), path))
+    return [(path, checkpoint_problem(path)) for _, path in sorted(numbered, reverse=True)]
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
-    """A checkpoint is complete once the Trainer state (written after the ES state) exists."""
-    path = Path(path)
-    return (path / "trainer_state.json").is_file() and (path / ES_STATE_DIR / META_FILE).is_file()
+    """Whether the checkpoint at `path` can be resumed from: every file it needs exists and parses (see
+    `checkpoint_problem`)."""
+    return checkpoint_problem(path) is None
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The highest-numbered complete `checkpoint-<step>` in `output_dir`, skipping any a crash left half-written."""
-    candidates = []
-    for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-        suffix = path.name[len(PREFIX_CHECKPOINT_DIR) + 1 :]
-        if suffix.isdigit() and is_complete_checkpoint(path):
-            candidates.append((int(suffix), path))
-    return str(max(candidates)[1]) if candidates else None
+    """The highest-numbered complete `checkpoint-<step>` in `output_dir`. Newer ones that a crash or a full disk left
+    half-written are skipped, each with a warning naming it and what is wrong."""
+    for path, problem in checkpoints(output_dir):
+        if problem is None:
+            return str(path)
+        warnings.warn(f"Skipping {path}, which cannot be resumed from: {problem}.", UserWarning, stacklevel=2)
+    return None
+
+
+def _json_problem(path: Path, missing: str) -> str | None:
+    """Why `path` is not a JSON object (`missing`: why it would be absent), or None."""
+    if not path.is_file():
+        return f"{path.name} is missing ({missing})"
+    try:
+        value = json.loads(path.read_text())
+    except (ValueError, OSError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return f"{path} does not parse as JSON ({error}): it was cut off while being written"
+    if not isinstance(value, dict):
+        return f"{path} holds a {type(value).__name__}, not a JSON object"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a complete safetensors file (its header and size are checked, not its values), or None."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    try:
+        with safe_open(path, "pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        return f"{path} does not parse as safetensors ({error}): it was cut off while being written"
+    return None
+
+
+def _model_files_problem(path: Path) -> str | None:
+    present = [name for name in MODEL_FILES if (path / name).is_file()]
+    if not present:
+        if any(path.glob("*.bin")):
+            return None  # weights saved with save_safetensors=False: the Trainer reads them itself
+        return f"it holds no model weights (none of {', '.join(MODEL_FILES)})"
+    for name in present:
+        if name.endswith(".json"):
+            problem = _json_problem(path / name, "the save did not finish")
+            if problem is not None:
+                return problem
+            shards = json.loads((path / name).read_text()).get("weight_map", {}).values()
+            problems = (_safetensors_problem(path / shard) for shard in sorted(set(shards)))
+        else:
+            problems = (_safetensors_problem(path / name),)
+        problem = next((p for p in problems if p is not None), None)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _es_state_problem(state_dir: Path) -> str | None:
+    problem = _json_problem(state_dir / META_FILE, "the save did not finish")
+    if problem is not None:
+        return problem
+    version = json.loads((state_dir / META_FILE).read_text()).get("format_version")
+    if version != FORMAT_VERSION:
+        return (
+            f"{state_dir / META_FILE} holds ES state format {version}, but this trl-es reads format {FORMAT_VERSION}; "
+            "resume it with the trl-es version that wrote it"
+        )
+    for file in (MASTER_FILE, REFERENCE_FILE):
+        problem = _safetensors_problem(state_dir / file)
+        if problem is not None:
+            return problem
+    return None

@@ -3,13 +3,15 @@
 Two float32 masters that should be identical (trainer and vLLM server, or two ranks) are compared bitwise with a
 digest. An inference engine holds the weights in its own layout (fused qkv and gate_up, padded vocabulary, tensor
 parallel shards), so it is compared with layout-free statistics: the sum and the sum of squares of all elements,
-which concatenation, permutation and zero padding leave unchanged.
+which concatenation, permutation and zero padding leave unchanged. Whether an engine's weights changed between two
+moments (behind the trainer's back) is told by a per-tensor fingerprint of the engine's own tensors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import zlib
 from collections.abc import Iterable
 
 import torch
@@ -41,3 +43,22 @@ def layout_free_stats(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None
 def stats_agree(first: tuple[float, float], second: tuple[float, float], rel_tol: float = 1e-9) -> bool:
     """Whether two `layout_free_stats` agree up to float64 summation-order rounding."""
     return all(math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-9) for a, b in zip(first, second, strict=True))
+
+
+def engine_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, object]:
+    """Per tensor, a value that changes when the tensor does: the CRC-32 of its bytes where it lives on the CPU
+    (several times cheaper than a cryptographic hash; certain to catch any change within 32 consecutive bits, any
+    other with probability 1 - 2^-32); on an accelerator, where copying it to the host would cost more than the check
+    is worth, its float64 sum and sum of squares, computed in place. Not a MAC: it catches changes made inside the
+    engine, not forgeries (the control channel's secret keeps forgers out)."""
+    fingerprint, on_device = {}, {}
+    for name, tensor in named_tensors:
+        values = tensor.detach()
+        if values.device.type == "cpu":
+            fingerprint[name] = zlib.crc32(values.reshape(-1).contiguous().view(torch.uint8).numpy().data)
+        else:
+            on_device[name] = torch.stack([values.sum(dtype=torch.float64), values.double().square().sum()])
+    if on_device:
+        sums = torch.stack(list(on_device.values())).cpu().tolist()
+        fingerprint.update(zip(on_device, sums, strict=True))
+    return fingerprint

@@ -1,0 +1,94 @@
+"""What the server's weight-change check costs, measured on a real `trl-es vllm-serve` server.
+
+Per member, the check fingerprints the engine twice: right after the member's load, and in `es_verify` after its
+generation (one extra round trip). This script times, per member, the load (`es_load_member`), the generation with
+its verification (`generate_center`), and `es_verify` alone, and prints the check's share:
+`2 * verify / (load + generate)`, an upper bound (a verify call includes its round trip).
+
+    .venv/bin/python tests/scripts/server_check_cost.py --hidden_size 512 --layers 8 --rows 8 --tokens 32
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import requests
+
+from trl_es.backends.sampling import SamplingSettings
+from trl_es.backends.vllm_server import VLLMServerBackend
+from trl_es.core.master import MasterWeights
+from trl_es.core.noise import Member
+from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer
+
+
+def start_server(model: Path, secret_file: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", str(model), "--port", str(port),
+               "--secret_file", str(secret_file), "--max_model_len", "512", "--", "--enforce-eager"]  # fmt: skip
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                               env=environment)  # fmt: skip
+    for _ in range(600):
+        if process.poll() is not None:
+            sys.exit(f"the server exited; see {log}")
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
+                return process, port
+        except requests.ConnectionError:
+            time.sleep(1)
+    sys.exit(f"the server did not start; see {log}")
+
+
+def timed(function, *args) -> float:
+    start = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden_size", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=8, help="prompts per member")
+    parser.add_argument("--tokens", type=int, default=32, help="completion tokens per prompt")
+    parser.add_argument("--members", type=int, default=4)
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="trl-es-check-cost-"))
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_qwen2(tokenizer, hidden_size=args.hidden_size, num_hidden_layers=args.layers)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    parameters = sum(p.numel() for p in model.parameters())
+    process, port = start_server(folder / "model", folder / "secret", folder / "server.log")
+    try:
+        master = MasterWeights(dict(model.named_parameters()), sigma=1e-3)
+        backend = VLLMServerBackend(f"http://127.0.0.1:{port}", master, secret_file=str(folder / "secret"))
+        backend.start_run("float32")
+        prompts = [tokenizer(f"Item {k}:")["input_ids"] for k in range(args.rows)]
+        sampling = SamplingSettings(max_tokens=args.tokens, temperature=1.0, extra={"ignore_eos": True})
+        loads, generations, verifies = [], [], []
+        for seed in range(args.members + 1):  # the first member warms up
+            loads.append(timed(backend.load_member, Member(seed, 1)))
+            generations.append(timed(backend.generate_center, prompts, sampling, seed))
+            verifies.append(timed(backend._control, "es_verify", backend.run_id, backend.load))
+        load, generate, verify = median(loads[1:]), median(generations[1:]), median(verifies[1:])
+        print(f"model: {parameters / 1e6:.1f}M parameters; {args.rows} rows x {args.tokens} tokens per member")
+        print(f"per member: load {load:.3f} s, generate+verify {generate:.3f} s, es_verify alone {verify:.3f} s")
+        print(f"check / (load + generate) = {2 * verify / (load + generate - verify):.3f}")
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Clear errors for bad inputs, at construction where they can be seen there (issue 16, points 4 and 6): each names the
+value and the fix instead of failing deep inside TRL, transformers or numpy."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_es import ESTrainer
+from trl_es.testing import digit_fraction
+from trl_es.trainer.reward_checks import check_reward_output
+
+
+def test_a_dataset_smaller_than_one_step_is_refused_naming_both_numbers(tiny_model_path, make_config):
+    three_prompts = Dataset.from_dict({"prompt": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match=r"train_dataset has 3 prompts, fewer than the 4 prompts of one ES step"):
+        ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), train_dataset=three_prompts)
+
+
+@pytest.mark.parametrize("split", ["train_dataset", "eval_dataset"])
+def test_a_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model_path, prompts, make_config, split):
+    questions = Dataset.from_dict({"question": [f"Item {k}:" for k in range(8)]})
+    datasets = {"train_dataset": prompts, split: questions}
+    with pytest.raises(ValueError, match=rf"{split} has no 'prompt' column \(its columns: \['question'\]\).*rename"):
+        ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), **datasets)
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("1.0", r"returned '1.0' \(a str\), but a reward function returns a list"),
+        (1.0, r"returned 1.0 \(a float\)"),
+        (None, r"returned None \(a NoneType\)"),
+        ([1.0, "yes"], r"returned 'yes' \(a str\) for completion 1; each reward must be a number, or None"),
+        ([1.0, [2.0, 3.0]], r"returned \[2.0, 3.0\] \(a list\) for completion 1"),
+    ],
+)
+def test_a_reward_of_the_wrong_type_is_named(output, message):
+    with pytest.raises(TypeError, match=message):
+        check_reward_output("my_reward", output)
+
+
+@pytest.mark.parametrize(
+    "output", [[1.0, None, 0], (True, 2.5), np.array([0.5, 1.0]), torch.tensor([0.5, 1.0]), [np.float32(1.0)]]
+)
+def test_every_reward_list_trl_accepts_passes(output):
+    check_reward_output("my_reward", output)
+
+
+def test_a_reward_function_returning_a_number_is_an_error_naming_it(tiny_model_path, prompts, make_config):
+    def total_length(completions, **kwargs):
+        return float(sum(len(c) for c in completions))  # one number for the batch, not one per completion
+
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=total_length, args=make_config(), train_dataset=prompts)
+    with pytest.raises(TypeError, match=r"reward function 'total_length' returned .* \(a float\)"):
+        trainer.train()
+
+
+def test_all_nan_rewards_are_reported_as_nan_not_none(tiny_model_path, prompts, make_config, caplog):
+    def undefined(completions, **kwargs):
+        return [float("nan")] * len(completions)
+
+    config = make_config(max_steps=1)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=undefined, args=config, train_dataset=prompts)
+    with caplog.at_level(logging.WARNING, logger="trl_es"):
+        trainer.train()
+    warned = [r.message for r in caplog.records if "no completion of any member was scored" in r.message]
+    assert len(warned) == 1 and "'undefined' returned NaN for every completion" in warned[0]
+    assert "None" not in warned[0]
