@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import vllm_serve
+from . import env, evolm_demo, vllm_serve
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -269,6 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="Seed of the noise and of the data order.")
     demo.set_defaults(handler=_demo)
 
+    evolm = commands.add_parser(
+        "evolm-demo",
+        help="EVOLM on the embedded joint model and its null control, offline on CPU: held-out measurements.",
+        description=evolm_demo.__doc__,
+    )
+    evolm_demo.add_arguments(evolm)
+    evolm.set_defaults(handler=evolm_demo.run)
+
     serve = commands.add_parser(
         "vllm-serve",
         help="Start a vLLM server with the ES worker extension (for ESConfig(use_vllm=True, vllm_mode='server')).",
@@ -277,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vllm_serve.add_arguments(serve)
     serve.set_defaults(handler=vllm_serve.serve)
+
+    environment = commands.add_parser("env", help="Print the environment for a bug report: `trl env`, plus trl-es.")
+    environment.set_defaults(handler=env.print_env)
 
     _add_analyze_parser(commands)
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
-from .noise import Member, parameter_noise
+from .guards import check_finite_tensors, check_step_fits, check_update_settings
+from .noise import Member, NoiseBuffer, parameter_noise
 
 
 class MasterWeights:
@@ -47,10 +48,10 @@ class MasterWeights:
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
         master = self.tensors[name]
-        direction = torch.zeros_like(master)
+        direction, noise = torch.zeros_like(master), NoiseBuffer()  # one scratch tensor for every seed's draw
         for seed, coefficient in coefficients.items():
             if coefficient != 0.0:
-                direction.add_(parameter_noise(seed, name, master.shape, master.device), alpha=coefficient)
+                direction.add_(noise.draw(seed, name, master.shape, master.device), alpha=coefficient)
         return direction
 
     def is_frozen(self, name: str) -> bool:
@@ -59,12 +60,18 @@ class MasterWeights:
 
     def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float = 0.0) -> float:
         """`master <- master * (1 - lr * weight_decay) + lr * direction` for every tensor that is not frozen; returns
-        the L2 norm of `lr * direction`."""
+        the L2 norm of `lr * direction`.
+
+        Raises `NonFiniteError` instead of writing a non-finite value: coefficients, `lr` and the decay factor are
+        checked before any tensor changes, and each tensor's step before it is added (an overflow found there leaves
+        the tensors before it updated, all finite)."""
+        check_update_settings(coefficients, lr, weight_decay)
         squared_norm = 0.0
         for name, master in self.tensors.items():
             if self.is_frozen(name):
                 continue
             step = self.update_direction(name, coefficients).mul_(lr)
+            check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr)
             if weight_decay:
                 master.mul_(1.0 - lr * weight_decay)
             master.add_(step)
@@ -91,5 +98,15 @@ class MasterWeights:
                 f"The saved ES master does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}. "
                 "Resume with the same model (and PEFT configuration) that wrote the checkpoint."
             )
+        # `copy_` would broadcast a smaller tensor and cast any dtype: refuse both, and anything non-finite.
+        for name, master in self.tensors.items():
+            saved = tensors[name]
+            if saved.shape != master.shape or saved.dtype != torch.float32:
+                raise ValueError(
+                    f"The saved ES master of {name!r} is a {saved.dtype} tensor of shape {tuple(saved.shape)}, but a "
+                    f"master is float32 with the parameter's shape {tuple(master.shape)}. Resume with the same model "
+                    "(and PEFT configuration) that wrote the checkpoint."
+                )
+        check_finite_tensors(tensors, "The saved ES master tensors")
         for name, master in self.tensors.items():
             master.copy_(tensors[name])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..core.fitness import FITNESS_SHAPINGS
+from ..core.guards import FLOAT32_MAX, is_float32_finite
 from ..core.lowrank import OTHER_PARAMETERS
 
 PERTURBATIONS = ("full", "lowrank")
@@ -167,6 +168,11 @@ class ESConfig(GRPOConfig):
             (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
             raise if not. The check hashes the master (server) or sums the engine's weights (colocate); raise it on
             large models if that shows in `step_time`. 0 disables it.
+        vllm_server_secret_file (`str`, *optional*):
+            With `vllm_mode="server"`: the file holding the control secret of the `trl-es vllm-serve` server (it
+            prints where it wrote it; mode 0600, yours). Defaults to `$TRL_ES_SERVER_SECRET` if set, else the file
+            the server writes for its port, `~/.cache/trl-es/vllm-server-<port>.secret`. The secret itself never goes
+            in the config (configs are logged and saved).
 
         > Coverage evaluation (with an `eval_dataset`)
 
@@ -255,6 +261,13 @@ class ESConfig(GRPOConfig):
         metadata={
             "help": "Every this many steps (and at the last one), check that every copy of the weights (vLLM "
             "engine or server) agrees with the master, and fail loudly if not. 0 disables the check."
+        },
+    )
+    vllm_server_secret_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "vllm_mode='server': file with the trl-es vllm-serve control secret (default: "
+            "$TRL_ES_SERVER_SECRET, else ~/.cache/trl-es/vllm-server-<port>.secret)."
         },
     )
 
@@ -389,10 +402,8 @@ class ESConfig(GRPOConfig):
                 f"population_batch_size must be an integer >= 1 (members per generate call), got "
                 f"{self.population_batch_size!r}. Leave it unset to generate all of a process's members at once."
             )
-        if not math.isfinite(self.learning_rate) or self.learning_rate < 0:
-            raise ValueError(
-                f"learning_rate (the ES step size) must be a finite number >= 0, got {self.learning_rate!r}."
-            )
+        self._check_numbers_the_update_uses()
+        self._check_seeds_and_lengths()
         if self.consistency_check_steps < 0:
             raise ValueError(
                 f"consistency_check_steps must be >= 0 (0 disables the check), got {self.consistency_check_steps!r}."
@@ -418,6 +429,57 @@ class ESConfig(GRPOConfig):
                 "num_generations=1.",
                 UserWarning,
                 stacklevel=3,
+            )
+
+    def _check_numbers_the_update_uses(self):
+        """Every number the ES update multiplies the float32 weights by must be finite in float32 (issue 16: a NaN
+        weight_decay or learning_rate=1e39 made every weight NaN, and training "succeeded")."""
+        if not (isinstance(self.sigma, (int, float)) and is_float32_finite(self.sigma)):
+            raise ValueError(f"sigma={self.sigma!r} overflows float32, the precision of the noise. Use e.g. 1e-3.")
+        if not (isinstance(self.learning_rate, (int, float)) and is_float32_finite(self.learning_rate)) or (
+            self.learning_rate < 0
+        ):
+            raise ValueError(
+                f"learning_rate (the ES step size) must be a finite number >= 0 that float32 can hold (up to "
+                f"{FLOAT32_MAX:.3g}), got {self.learning_rate!r}. The anchor paper uses 5e-4."
+            )
+        if not (isinstance(self.weight_decay, (int, float)) and is_float32_finite(self.weight_decay)) or (
+            self.weight_decay < 0
+        ):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}. 0 disables it.")
+        if self.learning_rate * self.weight_decay >= 1:
+            raise ValueError(
+                f"learning_rate * weight_decay = {self.learning_rate} * {self.weight_decay} >= 1: every step would "
+                "multiply the weights by 1 - learning_rate * weight_decay <= 0. Lower weight_decay."
+            )
+        if self.learning_rate >= 1:
+            warnings.warn(
+                f"learning_rate={self.learning_rate} is the ES step size: every step moves each weight by about "
+                "learning_rate times a unit-variance direction, which erases what a trained model knows. The anchor "
+                "paper uses 5e-4.",
+                UserWarning,
+                stacklevel=4,
+            )
+        weights = self.reward_weights or []
+        if any(not isinstance(w, (int, float)) or not is_float32_finite(w) for w in weights):
+            raise ValueError(f"reward_weights must be finite numbers, got {self.reward_weights!r}.")
+
+    def _check_seeds_and_lengths(self):
+        """Values that transformers or numpy would only refuse once training starts."""
+        for name in ("seed", "data_seed"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32):
+                raise ValueError(
+                    f"{name} must be an integer in [0, 2**32 - 1] (numpy's seed range), got {value!r}. E.g. {name}=42."
+                )
+        if self.noise_seed is not None and (not isinstance(self.noise_seed, int) or self.noise_seed < 0):
+            raise ValueError(
+                f"noise_seed must be an integer >= 0 (it is hashed, so any size works), got {self.noise_seed!r}."
+            )
+        length = self.max_completion_length
+        if length is not None and (not isinstance(length, int) or length < 1):
+            raise ValueError(
+                f"max_completion_length must be an integer >= 1 (tokens generated per completion), got {length!r}."
             )
 
     def _warn_about_grpo_only_fields(self):
@@ -454,16 +516,22 @@ class ESConfig(GRPOConfig):
 
 
 # The settings that decide what a run computes from a given checkpoint: resuming with another value of any of them
-# does not continue the original run. (The number of processes is not one: ES gives the same weights on any.)
+# does not continue the original run. (The number of processes is not one: ES gives the same weights on any. Nor are
+# `max_steps` and `num_train_epochs`, which a resume usually changes on purpose; `population_batch_size` only groups
+# members into calls.)
 RUN_SETTINGS = (
     "seed",
+    "data_seed",
     "noise_seed",
     "population_size",
     "sigma",
     "antithetic",
     "fitness_shaping",
+    "reward_weights",
     "learning_rate",
     "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
     "weight_decay",
     "perturbation",
     "num_generations",
@@ -474,6 +542,12 @@ RUN_SETTINGS = (
     "repetition_penalty",
     "max_completion_length",
     "generation_kwargs",
+    "chat_template_kwargs",
+    "disable_dropout",
+    "cast_lm_head_to_fp32",
+    "use_vllm",
+    "vllm_mode",
+    "shuffle_dataset",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
 )

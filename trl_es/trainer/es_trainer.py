@@ -11,11 +11,13 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
 import textwrap
 import time
 import warnings
-from collections import defaultdict
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,26 @@ from trl.trainer.utils import nanstd
 
 from ..backends.base import PhaseTimer
 from ..backends.hf import TokenIds
-from ..backends.population import Population, build_population, check_backend_config, engine_setup
+from ..backends.population import (
+    Population,
+    build_population,
+    check_backend_config,
+    engine_setup,
+    evolving_parameters,
+)
 from ..backends.sampling import SamplingSettings
-from ..core.checkpoint import last_complete_checkpoint, load_es_state, save_es_state
+from ..core.checkpoint import (
+    ES_STATE_DIR,
+    MASTER_FILE,
+    REFERENCE_FILE,
+    check_saved_tensors,
+    checkpoint_problem,
+    checkpoints,
+    float32_model_weights,
+    last_complete_checkpoint,
+    load_es_state,
+    save_es_state,
+)
 from ..core.distributed import (
     check_population_divides,
     check_ranks_agree,
@@ -36,15 +55,24 @@ from ..core.distributed import (
     whole_batch,
 )
 from ..core.fitness import any_scored, member_fitness, shape_fitness, update_coefficients, weighted_rewards
+from ..core.guards import NonFiniteError, check_finite_tensors, check_fitness, first_infinite_reward
 from ..core.noise import population as population_members
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
-from ..evaluation.metrics import population_diversity
+from ..evaluation.metrics import StartingWeights, population_diversity
 from ..evaluation.trainer_coverage import measure_trainer
 from ..trl_compat import calculate_rewards, completion_table, logged_metrics, take_reward_logs
 from .es_config import ESConfig, changed_run_settings, grpo_loss_defaults, grpo_loss_settings, run_settings
-from .model_card import es_hyperparameters, generate_es_model_card
-from .rollouts import completion_metrics, decode_completions, tokenize_prompts, tokenizer_of
+from .model_card import es_hyperparameters, es_papers, generate_es_model_card
+from .reward_checks import checked_reward_function, short_repr, unscored_summary
+from .rollouts import (
+    check_prompt_column,
+    check_prompts_fill_a_step,
+    completion_metrics,
+    decode_completions,
+    tokenize_prompts,
+    tokenizer_of,
+)
 from .sampler import EpochSeededRepeatSampler
 
 logger = logging.getLogger(__name__)
@@ -74,7 +102,13 @@ class ESTrainer(GRPOTrainer):
     over the logged steps, `train_loss` (and `TrainOutput.training_loss`) its mean over the run's steps, and
     `eval_loss` minus the centre's mean eval reward (`-eval_reward`), so `load_best_model_at_end` and early stopping
     work with their defaults. `grad_norm` is not logged: there is no gradient. A step whose completions no reward
-    function scored (every reward `None`) makes no update, warns, and counts in `es/skipped_steps`.
+    function scored (every reward `None`) makes no update, warns, and counts in `es/skipped_steps`; one whose members
+    all scored the same has no update direction and counts in `es/degenerate_steps` (with a warning after
+    `warn_after_degenerate_steps` in a row).
+
+    A reward of `+-inf` is an error naming the reward function and the completion (`None` or NaN mean "no score"), and
+    a step that would make the weights non-finite stops training with a `NonFiniteError` naming the step, the cause
+    and the last good checkpoint, before anything is applied; no NaN is ever saved.
 
     Example:
 
@@ -108,6 +142,8 @@ class ESTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "trl-es", "es"]
+    # Warn after this many steps in a row without an update direction (all members equally fit).
+    warn_after_degenerate_steps = 10
     _name = "ES"
     _paper = {
         "title": "Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning",
@@ -161,6 +197,9 @@ class ESTrainer(GRPOTrainer):
         extract_answer = _import_function(args.eval_answer_extractor, "eval_answer_extractor")  # fail before training
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
+        check_prompt_column(train_dataset, "train_dataset")
+        check_prompt_column(eval_dataset, "eval_dataset")
+        check_prompts_fill_a_step(train_dataset, args)
         # GRPO's loss settings (beta: a reference model) are hidden from GRPO's constructor and kept in `args`.
         with engine_setup(args), grpo_loss_defaults(args):
             super().__init__(
@@ -185,13 +224,22 @@ class ESTrainer(GRPOTrainer):
         self.sampling = SamplingSettings.from_config(args)
         self._tokens = TokenIds.of(self.model, tokenizer_of(self.processing_class))
         self._population: Population | None = None
-        self._reference: dict[str, torch.Tensor] | None = None  # the run's starting weights, for es/param_distance
+        # The run's starting weights, on disk (not in memory) in the process that logs and saves: es/param_distance
+        self._reference: StartingWeights | None = None
         self._resume_state: tuple[str, dict[str, torch.Tensor]] | None = None  # (checkpoint, lossy float32 masters)
         self._micro_step = 0
         self._extract_answer = extract_answer
         self._losses: list[float] = []  # -mean fitness of each ES step of this `train` call that had a fitness
         self._losses_logged = 0  # how many of them earlier log entries covered
         self._skipped_steps = 0  # steps no reward function scored (no update), over the whole run
+        self._degenerate_steps = 0  # steps whose members all had the same fitness (no update), over the whole run
+        self._degenerate_streak = 0  # such steps in a row, up to the current one
+        # A wrong return type is an error naming the function; None and NaN rewards are counted to report which.
+        self._unscored = Counter()
+        self.reward_funcs = [
+            func if isinstance(func, torch.nn.Module) else checked_reward_function(func, name, self._unscored)
+            for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
+        ]
 
     @property
     def population(self) -> Population:
@@ -200,6 +248,8 @@ class ESTrainer(GRPOTrainer):
         if self._population is None:
             checkpoint, lossy_masters = self._resume_state or (None, None)
             model = self.accelerator.unwrap_model(self.model)
+            origin = f" (from {checkpoint})" if checkpoint else ""
+            check_finite_tensors(evolving_parameters(model), f"The model's evolving weights{origin}")
             self._population = build_population(
                 self.args,
                 model,
@@ -208,8 +258,8 @@ class ESTrainer(GRPOTrainer):
                 lossy_masters=lossy_masters,
                 resumed_from=checkpoint,
             )
-            if self._reference is None:
-                self._reference = {n: p.detach().to("cpu", copy=True) for n, p in self._population.parameters.items()}
+            if self._reference is None and self.args.should_save:
+                self._reference = StartingWeights.write(self._population.parameters)
         return self._population
 
     def release_population(self) -> None:
@@ -258,14 +308,19 @@ class ESTrainer(GRPOTrainer):
         )
         with timer("reward"):
             rewards_per_func, completions, extra_columns = self._score(inputs, prompts, prompt_ids, completion_ids)
+        with self._divergence_stops_training():  # before anything is shaped or applied
+            self._refuse_infinite_rewards(rewards_per_func, prompts, completions)
         completion_rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (members, completions)
         if not any_scored(completion_rewards):  # e.g. a reward function for another domain of a mixed dataset
             self._skip_unscored_step(rewards_per_func, completion_rewards, prompt_ids, completion_ids, timer)
             return None
         fitness = member_fitness(completion_rewards)
+        with self._divergence_stops_training():
+            check_fitness(fitness, self.reward_weights.tolist())
         shaped = shape_fitness(fitness, args.fitness_shaping)
+        self._count_degenerate_step(fitness, shaped)
 
-        with timer("update"):
+        with timer("update"), self._divergence_stops_training():  # the master refuses a non-finite step
             coefficients = update_coefficients(members, shaped)
             update_norm = population.apply_update(
                 coefficients, lr=self._get_learning_rate(), weight_decay=args.weight_decay
@@ -279,14 +334,72 @@ class ESTrainer(GRPOTrainer):
         self._log_best_member(prompts, completions, extra_columns, rewards_per_func, shaped)
         return fitness
 
+    @contextmanager
+    def _divergence_stops_training(self) -> Iterator[None]:
+        """Turn a `NonFiniteError` (its message: the cause) into the error that stops training, naming the step and
+        the last good checkpoint. Every process raises it: they all hold the same rewards, fitness and update."""
+        try:
+            yield
+        except NonFiniteError as error:
+            last = last_complete_checkpoint(self.args.output_dir) if Path(self.args.output_dir).is_dir() else None
+            resume = (
+                f"the last good checkpoint is {last}: resume from it (resume_from_checkpoint=True) once the cause is "
+                "fixed."
+                if last
+                else "no checkpoint was saved before it, so the run must start again once the cause is fixed."
+            )
+            raise NonFiniteError(
+                f"ES step {self.state.global_step + 1} stopped training: {error} No NaN or infinity was written to "
+                f"the weights or a checkpoint; {resume}"
+            ) from None
+
+    def _refuse_infinite_rewards(self, rewards_per_func, prompts, completions) -> None:
+        """An infinite reward is an error naming the function and the completion: it is no meaningful score, and it
+        would make the fitness spread (and with it the update) NaN. NaN stays "no score", as TRL reads it."""
+        found = first_infinite_reward(rewards_per_func)  # (member, completion, reward function)
+        if found is None:
+            return
+        member, row, index = found
+        local_round, owner = divmod(member, self.accelerator.num_processes)
+        completion = (
+            f", completion {short_repr(completions[local_round][row])}"
+            if owner == self.accelerator.process_index
+            else ""
+        )
+        raise NonFiniteError(
+            f"the reward function {self.reward_func_names[index]!r} returned {rewards_per_func[found].item()} for "
+            f"member {member}'s answer to prompt {row} ({short_repr(prompts[row])}{completion}). A reward must be a "
+            "finite number, or None for no score; clip it in the reward function."
+        )
+
+    def _count_degenerate_step(self, fitness, shaped) -> None:
+        """A step whose shaped fitness is all zero has no update direction: count it in `es/degenerate_steps`, and
+        warn after `warn_after_degenerate_steps` such steps in a row (and every as many after)."""
+        if bool(shaped.any()):
+            self._degenerate_streak = 0
+            return
+        self._degenerate_steps += 1
+        self._degenerate_streak += 1
+        if self._degenerate_streak % self.warn_after_degenerate_steps or not self.accelerator.is_main_process:
+            return
+        same = bool((fitness == fitness[0]).all())
+        why = f"all members scored {fitness[0].item():.4g}" if same else "the fitness spread overflowed float32"
+        logger.warning(
+            f"The last {self._degenerate_streak} ES steps (up to step {self.state.global_step + 1}) had no update "
+            f"direction: {why} ({self._degenerate_steps} such steps so far, logged as es/degenerate_steps). The "
+            "reward functions do not tell the members apart: raise sigma, sample (temperature > 0) so that members "
+            "answer differently, or use a reward that scores partial progress."
+        )
+
     def _skip_unscored_step(self, rewards_per_func, completion_rewards, prompt_ids, completion_ids, timer) -> None:
         """A step whose completions no reward function scored has no fitness: make no update (as GRPO, which gives
         unscorable completions a zero advantage), warn, and count it in `es/skipped_steps`."""
         self._skipped_steps += 1
         if self.accelerator.is_main_process:  # every process skips the same step
             logger.warning(
-                f"Step {self.state.global_step + 1}: every reward function returned None for every completion of "
-                f"every member, so ES has no fitness to compare and makes no update ({self._skipped_steps} such steps "
+                f"Step {self.state.global_step + 1}: no completion of any member was scored "
+                f"({unscored_summary(self._unscored, self.reward_func_names)}), so ES has no fitness to compare and "
+                f"makes no update ({self._skipped_steps} such steps "
                 "so far, logged as es/skipped_steps). Make at least one reward function score these prompts."
             )
         self._log_step(rewards_per_func, completion_rewards, None, 0.0, timer)
@@ -300,6 +413,7 @@ class ESTrainer(GRPOTrainer):
         of process `r` is member `j * P + r`), and this process's decoded completions and `log_extra` columns, per
         member."""
         rounds, completions, columns, logged = [], [], [], defaultdict(list)
+        self._unscored.clear()  # None and NaN rewards of this step, counted by the checked reward functions
         for member_ids in completion_ids:
             member_completions = decode_completions(self.processing_class, prompts, prompt_ids, member_ids)
             rewards = calculate_rewards(self, inputs, prompts, member_completions, member_ids)  # (P x rows, funcs)
@@ -332,6 +446,7 @@ class ESTrainer(GRPOTrainer):
         metrics["reward_std"].append(nanstd(completion_rewards.flatten()).item())
         metrics["es/update_norm"].append(update_norm)
         metrics["es/skipped_steps"] = [float(self._skipped_steps)]  # cumulative, like num_tokens
+        metrics["es/degenerate_steps"] = [float(self._degenerate_steps)]  # cumulative: steps without a direction
         for phase in ("perturb", "generate", "reward", "update"):
             metrics[f"es/time/{phase}"].append(timer.seconds[phase])
         if fitness is None:
@@ -381,7 +496,7 @@ class ESTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         metrics = logged_metrics(self, "train")
-        if self.model.training and self._population is not None and metrics:
+        if self.model.training and self._population is not None and self._reference is not None and metrics:
             metrics["es/param_distance"].append(self._population.master.relative_distance(self._reference))
         logs.pop("grad_norm", None)  # ES has no gradient
         # What ES minimises, -mean fitness: over this entry's steps (`loss`) and over the run (`train_loss`, in the
@@ -463,18 +578,22 @@ class ESTrainer(GRPOTrainer):
     # Checkpoints
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """As [`~transformers.Trainer.train`]; `resume_from_checkpoint=True` picks the last *complete* checkpoint, so
-        one that a crash left half-written is skipped."""
+        """As [`~transformers.Trainer.train`], resuming only from a checkpoint whose files all parse:
+        `resume_from_checkpoint=True` picks the last such checkpoint, skipping (with a warning) any that a crash or a
+        full disk left half-written, and a named checkpoint that is not complete is refused with the reason."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
+            resume_from_checkpoint = self._last_complete_checkpoint()
+        elif isinstance(resume_from_checkpoint, (str, os.PathLike)):
+            problem = checkpoint_problem(resume_from_checkpoint)
+            if problem is not None:
                 raise ValueError(
-                    f"No complete checkpoint found in output_dir={self.args.output_dir!r}. Train without "
-                    "`resume_from_checkpoint`, or point it at a checkpoint directory."
+                    f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume from an earlier checkpoint, or "
+                    "pass `resume_from_checkpoint=True` to pick the last complete one."
                 )
         # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
         self._population = self._reference = self._resume_state = None
         self._micro_step = self._losses_logged = self._skipped_steps = 0
+        self._degenerate_steps = self._degenerate_streak = 0
         self._losses = []
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         best = self.state.best_model_checkpoint
@@ -485,6 +604,27 @@ class ESTrainer(GRPOTrainer):
             self._resume_state = (best, load_es_state(best)[0])
         # `log` set the metrics' `train_loss` (the same dict) from the ES losses; the returned value follows it.
         return output._replace(training_loss=output.metrics.get("train_loss"))
+
+    def _last_complete_checkpoint(self) -> str:
+        """The checkpoint `resume_from_checkpoint=True` resumes from, or an error that says why none can be."""
+        found = last_complete_checkpoint(self.args.output_dir)  # warns about each newer one it skips
+        if found is not None:
+            return found
+        reasons = [f"{path.name}: {problem}" for path, problem in checkpoints(self.args.output_dir)]
+        raise ValueError(
+            f"No complete checkpoint found in output_dir={self.args.output_dir!r}"
+            + (f" ({'; '.join(reasons)})." if reasons else " (it holds no checkpoint-<step> directory).")
+            + " Train without `resume_from_checkpoint`, or point it at a checkpoint directory."
+        )
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """As [`~transformers.Trainer.save_model`] (also how every checkpoint writes its weights), but weights holding
+        NaN or infinity are refused with a `NonFiniteError` before anything is written."""
+        model = self.accelerator.unwrap_model(self.model)
+        check_finite_tensors(
+            dict(model.named_parameters()), f"The weights to be saved to {output_dir or self.args.output_dir}"
+        )
+        super().save_model(output_dir, _internal_call)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         # Written before `trainer_state.json`, which the Trainer writes last: a checkpoint with a Trainer state always
@@ -499,6 +639,8 @@ class ESTrainer(GRPOTrainer):
                 metadata={
                     "global_step": self.state.global_step,
                     "skipped_steps": self._skipped_steps,
+                    "degenerate_steps": self._degenerate_steps,
+                    "reward_funcs": self.reward_func_names,
                     **run_settings(self.args),
                 },
             )
@@ -508,18 +650,63 @@ class ESTrainer(GRPOTrainer):
         if checkpoint is None:
             return
         lossy_masters, reference, metadata = load_es_state(checkpoint)
-        for name, (saved, current) in changed_run_settings(metadata, self.args).items():
-            warnings.warn(
-                f"Resuming from {checkpoint}, written with {name}={saved!r}, with {name}={current!r}: the run will "
-                f"not continue the original one exactly. Resume with {name}={saved!r} to continue it.",
-                UserWarning,
-                stacklevel=2,
-            )
-        # The model already holds the checkpoint's weights: they are the master wherever they are float32.
+        self._warn_about_changed_settings(checkpoint, metadata)
+        parameters = evolving_parameters(self.accelerator.unwrap_model(self.model))
+        state_dir = Path(checkpoint) / ES_STATE_DIR
+        check_saved_tensors(state_dir / MASTER_FILE, lossy_masters, parameters)
+        check_saved_tensors(state_dir / REFERENCE_FILE, reference, parameters, complete=True)
+        # The model already holds the checkpoint's weights: they are the master wherever they are float32. Where the
+        # model now rounds them (a float32 run resumed in bf16), the master comes from the checkpoint's float32 files.
+        lossy_masters.update(self._float32_masters_from_model_files(checkpoint, parameters, lossy_masters))
         self._population = None
         self._resume_state = (checkpoint, lossy_masters)  # a vLLM server rebuilds its master from the same files
-        self._reference = reference
+        self._reference = StartingWeights.write(reference) if self.args.should_save else None
         self._skipped_steps = metadata.get("skipped_steps", 0)
+        self._degenerate_steps = metadata.get("degenerate_steps", 0)
+
+    def _warn_about_changed_settings(self, checkpoint: str, metadata: dict) -> None:
+        """Name every run setting (and reward function) that differs from the checkpoint's: the run will not continue
+        the original one. A new learning_rate does not even apply: the checkpoint's scheduler is restored."""
+        changed = changed_run_settings(metadata, self.args)
+        if "reward_funcs" in metadata and metadata["reward_funcs"] != self.reward_func_names:
+            changed["reward_funcs"] = (metadata["reward_funcs"], self.reward_func_names)
+        for name, (saved, current) in changed.items():
+            if name == "learning_rate":
+                effect = (
+                    f"the checkpoint's learning-rate scheduler is restored (as by any transformers Trainer), so the "
+                    f"saved schedule wins and the run continues with learning_rate={saved!r}. To train with "
+                    f"learning_rate={current!r}, start a new run from the checkpoint's weights (model={checkpoint!r})."
+                )
+            else:
+                effect = (
+                    f"the run will not continue the original one exactly. Resume with {name}={saved!r} to continue it."
+                )
+            warnings.warn(
+                f"Resuming from {checkpoint}, written with {name}={saved!r}, with {name}={current!r}: {effect}",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    @staticmethod
+    def _float32_masters_from_model_files(checkpoint, parameters, lossy_masters) -> dict[str, torch.Tensor]:
+        """Float32 masters, read from the checkpoint's weight files, of the parameters that the model rounds now but
+        that the checkpoint saved in float32 (so its ES state holds no master for them)."""
+        names = [n for n, p in parameters.items() if p.dtype != torch.float32 and n not in lossy_masters]
+        if not names:
+            return {}
+        found = float32_model_weights(checkpoint, names)
+        check_saved_tensors(f"the weight files of {checkpoint}", found, parameters)
+        missing = [name for name in names if name not in found]
+        if missing:
+            warnings.warn(
+                f"{checkpoint} holds no float32 weights of {len(missing)} parameters the model now holds in "
+                f"{parameters[missing[0]].dtype} (e.g. {missing[0]!r}): their master starts from the rounded "
+                "weights, so the run does not continue the original one exactly. Resume in the dtype the checkpoint "
+                "was written in to continue it.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return found
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write `README.md` in `output_dir`: TRL's model card with the ES hyperparameters and papers."""
@@ -535,8 +722,23 @@ class ESTrainer(GRPOTrainer):
             dataset_name=dataset_name,
             tags=sorted(tags | set(self._tag_names)),
             hyperparameters=es_hyperparameters(self.args),
+            reward_functions=self.reward_func_names,
+            reward_weights=self.reward_weights.tolist(),
+            papers=es_papers(self.args),
         )
         card.save(Path(self.args.output_dir) / "README.md")
+
+    def init_hf_repo(self, token: str | None = None) -> None:
+        """As [`~transformers.Trainer.init_hf_repo`], and the `hub_revision` branch is created (from `main`) when the
+        repository lacks it: the Hub refuses commits to a missing branch, and the checkpoint pushes would fail
+        unseen in the background."""
+        super().init_hf_repo(token)
+        revision = self.args.hub_revision
+        if self.is_world_process_zero() and revision is not None and not revision.startswith("refs/pr/"):
+            from huggingface_hub import HfApi
+
+            token = token or self.args.hub_token
+            HfApi().create_branch(self.hub_model_id, branch=revision, token=token, exist_ok=True)
 
 
 def _as_es_config(args, model) -> ESConfig:
