@@ -10,12 +10,14 @@ processes each evaluates population_size / P members. The last line is `RESULT <
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 CONFIGS = Path(__file__).parents[1] / "examples" / "accelerate_configs"
+PHASES = ("perturb", "generate", "reward", "update")
 
 
 def parse_args(argv=None):
@@ -33,6 +35,8 @@ def parse_args(argv=None):
 
 def worker(cli):
     """One training run under `accelerate launch`; the main process writes its measured seconds per step."""
+    import torch
+
     from trl_es import ESConfig, ESTrainer
     from trl_es.testing import digit_fraction, digit_prompts
 
@@ -58,8 +62,11 @@ def worker(cli):
     trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=dataset)
     trainer.train()
     if trainer.accelerator.is_main_process:
-        step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][1:]  # skip warm-up
-        Path(cli.worker_output).write_text(json.dumps({"processes": processes, "step_times": step_times}))
+        history = trainer.state.log_history[1:]  # skip the warm-up step
+        phases = {phase: [h[f"es/time/{phase}"] for h in history if f"es/time/{phase}" in h] for phase in PHASES}
+        step_times = [h["step_time"] for h in history if "step_time" in h]
+        timing = {"processes": processes, "torch_threads": torch.get_num_threads(), "step_times": step_times, **phases}
+        Path(cli.worker_output).write_text(json.dumps(timing))
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # a rank that exits while gloo threads still run aborts
 
@@ -86,15 +93,21 @@ def main():
         ]
         subprocess.run(command, check=True, env=environment, capture_output=True)
         timing = json.loads(output.read_text())
-        seconds = sorted(timing["step_times"])[len(timing["step_times"]) // 2]
-        rows.append({"processes": processes, "seconds_per_step": seconds, "steps_per_second": 1 / seconds})
+        seconds = statistics.median(timing["step_times"])
+        phases = {phase: statistics.median(timing[phase]) for phase in PHASES}
+        phases["other"] = seconds - sum(phases.values())  # gathers, tokenising, logging, the agreement check
+        rows.append({"processes": processes, "torch_threads": timing["torch_threads"], "seconds_per_step": seconds,
+                     "steps_per_second": 1 / seconds, "phases": phases})  # fmt: skip
     base = rows[0]["steps_per_second"]
     print(f"N={cli.population_size}, B={cli.batch_size}, {cli.max_completion_length} new tokens, model {cli.model}")
-    print(f"{'processes':>10s}{'s/step':>10s}{'steps/s':>10s}{'speedup':>10s}")
+    print("phases: the main process's seconds per step (medians); `other` is the rest of the step")
+    print(f"{'processes':>10s}{'threads':>8s}{'s/step':>9s}{'steps/s':>9s}{'speedup':>9s}"
+          + "".join(f"{phase:>10s}" for phase in [*PHASES, "other"]))  # fmt: skip
     for row in rows:
         row["speedup"] = row["steps_per_second"] / base
-        print(f"{row['processes']:>10d}{row['seconds_per_step']:>10.3f}{row['steps_per_second']:>10.3f}"
-              f"{row['speedup']:>10.2f}")  # fmt: skip
+        print(f"{row['processes']:>10d}{row['torch_threads']:>8d}{row['seconds_per_step']:>9.3f}"
+              f"{row['steps_per_second']:>9.3f}{row['speedup']:>9.2f}"
+              + "".join(f"{row['phases'][phase]:>10.3f}" for phase in [*PHASES, "other"]))  # fmt: skip
     print("RESULT " + json.dumps({"benchmark": "population_parallel", "runs": rows}))
 
 

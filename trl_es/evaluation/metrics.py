@@ -4,15 +4,26 @@ Pass@k is Chen et al.'s unbiased estimator (arXiv 2107.03374): from n samples of
 that at least one of k samples drawn without replacement is correct. JS diversity is the verifier-projected
 Jensen-Shannon divergence of a population (arXiv 2608.27351): H(mean p_i) - mean H(p_i) over the members' success
 probabilities p_i on one prompt, with H the Bernoulli entropy in bits, so it lies in [0, 1].
+
+The parameter shift (`es/param_distance`, ||theta - theta_0|| / ||theta_0||) needs the run's starting weights:
+`StartingWeights` keeps them in a safetensors file and reads one tensor at a time, so the metric does not cost a copy
+of the model in memory.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 import random
+import tempfile
+import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -82,3 +93,100 @@ def population_diversity(completion_rewards, num_generations: int, success_thres
     successes = (completion_rewards > success_threshold).float()
     success_probs = successes.view(members, completions // num_generations, num_generations).mean(dim=2).T
     return sum(js_diversity(row.tolist()) for row in success_probs) / len(success_probs)
+
+
+# safetensors' names of the dtypes a model's parameters come in
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
+
+
+class StartingWeights(Mapping[str, torch.Tensor]):
+    """Named tensors kept in a safetensors file instead of memory, read back one at a time (as CPU tensors, bitwise in
+    the dtype they were written in): the run's starting weights, for `es/param_distance` and checkpoints.
+
+    Writing and reading go through plain file I/O, tensor by tensor, so neither ever holds more than one tensor (nor
+    maps the file into the process). Use [`StartingWeights.write`] to create one.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with open(self.path, "rb") as file:
+            header_size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(header_size))
+        header.pop("__metadata__", None)
+        self._data_start = 8 + header_size
+        self._entries = header
+
+    @classmethod
+    def write(cls, tensors: Mapping[str, torch.Tensor], path: str | os.PathLike | None = None) -> StartingWeights:
+        """Write `tensors` (any device) to `path` as safetensors, one tensor at a time. Without `path`, the file is a
+        new temporary one (under `TMPDIR`), removed when the returned object is garbage-collected."""
+        owned = path is None
+        if owned:
+            handle, path = tempfile.mkstemp(prefix="trl-es-starting-weights-", suffix=".safetensors")
+            os.close(handle)
+        header, offset = {}, 0
+        for name, tensor in tensors.items():
+            if tensor.dtype not in _SAFETENSORS_DTYPES:
+                raise TypeError(f"Cannot store {name!r} of dtype {tensor.dtype} in safetensors.")
+            size = tensor.numel() * tensor.element_size()
+            header[name] = {
+                "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [offset, offset + size],
+            }
+            offset += size
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        with open(path, "wb") as file:
+            file.write(len(encoded).to_bytes(8, "little"))
+            file.write(encoded)
+            for tensor in tensors.values():
+                if tensor.numel():
+                    file.write(_as_bytes(tensor.detach().to("cpu")))
+        weights = cls(path)
+        if owned:
+            weakref.finalize(weights, _remove_file, str(path))
+        return weights
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        entry = self._entries[name]
+        dtype, shape = _TORCH_DTYPES[entry["dtype"]], entry["shape"]
+        begin, end = entry["data_offsets"]
+        if begin == end:
+            return torch.empty(shape, dtype=dtype)
+        data = bytearray(end - begin)
+        with open(self.path, "rb") as file:
+            file.seek(self._data_start + begin)
+            file.readinto(data)
+        return torch.frombuffer(data, dtype=dtype).reshape(shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _remove_file(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
