@@ -64,12 +64,7 @@ def train_and_push(sequence, training_args) -> None:
         print(f"Training completed. Final model saved to {final_model}.")
         if training_args.push_to_hub:
             repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
-            sequence.push_to_hub(
-                repo_id,
-                private=training_args.hub_private_repo,
-                revision=training_args.hub_revision,
-                dataset_name=script_args.dataset_name,
-            )
+            sequence.push_to_hub(repo_id, private=training_args.hub_private_repo)
             print(f"Model pushed to the Hub in https://huggingface.co/{repo_id}.")
 
     # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts.
