@@ -13,12 +13,28 @@ import argparse
 import os
 
 from fast_es import fast_es_config, fast_grpo_config
+from transformers import TrainerCallback
 
 from trl_es import ESTrainer
 from trl_es.sequential.trainer import SequentialTrainer
 from trl_es.testing import digit_fraction, digit_prompts
 
 DATASET = "trl-lib/digits"
+
+
+class WaitForPush(TrainerCallback):
+    """Let each checkpoint's push finish before training goes on, so the commits are a fixed list.
+
+    The Trainer pushes in the background and skips a save's push while the previous one still runs; with
+    `hub_always_push=True` it pushes anyway, and the next save can rewrite `output_dir` while the earlier push reads
+    it (the Hub then refuses that upload). On a loaded machine either way loses a commit."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.trainer.push_in_progress is not None:
+            self.trainer.push_in_progress.wait_until_done()
 
 
 def main():
@@ -31,11 +47,11 @@ def main():
         f"{cli.work_dir}/es-tiny",
         push_to_hub=True,
         hub_strategy="checkpoint",
-        hub_always_push=True,  # every save pushes, even while the previous push still runs: a fixed list of commits
         save_strategy="steps",
         save_steps=1,
     )
     trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
+    trainer.add_callback(WaitForPush(trainer))
     trainer.train()
     trainer.push_to_hub(dataset_name=DATASET)
     # The same trainer, to the branch `hub_revision` of another repo: push_to_hub creates both.
