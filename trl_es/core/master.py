@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
-from .noise import Member, NoiseBuffer, parameter_noise
+from .noise import Member, parameter_noise
 
 
 class MasterWeights:
@@ -48,10 +48,10 @@ class MasterWeights:
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
         master = self.tensors[name]
-        direction, noise = torch.zeros_like(master), NoiseBuffer()  # one scratch tensor for every seed's draw
+        direction = torch.zeros_like(master)
         for seed, coefficient in coefficients.items():
             if coefficient != 0.0:
-                direction.add_(noise.draw(seed, name, master.shape, master.device), alpha=coefficient)
+                direction.add_(parameter_noise(seed, name, master.shape, master.device), alpha=coefficient)
         return direction
 
     def is_frozen(self, name: str) -> bool:

@@ -11,7 +11,6 @@ makes the noise of different tensors independent.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,43 +23,16 @@ def derive_seed(*parts: int | str) -> int:
 
 
 def parameter_noise(
-    seed: int,
-    name: str,
-    shape: torch.Size | tuple[int, ...],
-    device: torch.device | str = "cpu",
-    out: torch.Tensor | None = None,
+    seed: int, name: str, shape: torch.Size | tuple[int, ...], device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """Standard normal float32 noise for one parameter tensor of one member.
 
     The values depend only on `seed`, `name`, `shape` and the device type (CPU and CUDA generators use different
-    algorithms); they do not depend on the process, the rank or what was generated before. With `out` (a contiguous
-    float32 tensor of that shape on that device), the same values are written into it and it is returned.
+    algorithms); they do not depend on the process, the rank or what was generated before.
     """
     shape = tuple(shape)
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, name, *shape))
-    if out is None:
-        return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
-    return out.normal_(generator=generator)  # `randn` is `empty` then `normal_`: the same values (tested)
-
-
-class NoiseBuffer:
-    """Scratch memory for drawing noise one tensor at a time: `draw` writes `parameter_noise(seed, name, shape)` into a
-    view of one float32 buffer per device, grown to the largest tensor drawn, so a pass over the model does not
-    allocate (and, on CPU, page-fault) a new tensor per parameter and draw. A view is valid until the next `draw`;
-    the buffer lives as long as this object, so keep one for one pass, not for the run.
-    """
-
-    def __init__(self):
-        self._buffers: dict[torch.device, torch.Tensor] = {}
-
-    def draw(
-        self, seed: int, name: str, shape: torch.Size | tuple[int, ...], device: torch.device | str = "cpu"
-    ) -> torch.Tensor:
-        device, numel = torch.device(device), math.prod(shape)
-        buffer = self._buffers.get(device)
-        if buffer is None or buffer.numel() < numel:
-            buffer = self._buffers[device] = torch.empty(numel, dtype=torch.float32, device=device)
-        return parameter_noise(seed, name, shape, device, out=buffer[:numel].view(tuple(shape)))
+    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
 
 
 @dataclass(frozen=True)
