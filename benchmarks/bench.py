@@ -172,6 +172,13 @@ def parse_args(argv=None):
         help="Model of the bf16 memory setup (default: --memory_model on CUDA; 5M on CPU, where bf16 matrix products "
         "run several times slower than float32 without AVX512-BF16/AMX).",
     )
+    parser.add_argument(
+        "--memory_setups",
+        nargs="+",
+        choices=list(MEMORY_SETUPS),
+        default=["float32", "bf16", "lowrank", "lowrank_split"],
+        help="The setups of section 1 (lowrank_split: low-rank with a quarter of the members per generate call).",
+    )
     parser.add_argument("--population_size", type=int, default=8, help="N of sections 1-2 (GRPO: group size).")
     parser.add_argument("--batch_size", type=int, default=64, help="Prompts per step (B) of sections 1-4.")
     parser.add_argument("--max_completion_length", type=int, default=16, help="Completion tokens (T), sections 1-4.")
@@ -414,7 +421,8 @@ def memory_worker(spec: dict) -> dict:
     else:
         peak_reset = reset_peak_rss()
     steps = spec["steps"] if spec["method"] == "grpo" else 1
-    trainer = make_trainer(spec["method"], model, steps=steps, callbacks=[StepTimer()], **settings)
+    trainer = make_trainer(spec["method"], model, steps=steps, callbacks=[StepTimer()], **settings,
+                           **spec.get("es_overrides", {}))  # fmt: skip
     trainer.train()
     peak = torch.cuda.max_memory_allocated() if cuda else peak_rss(peak_reset)
 
@@ -460,11 +468,21 @@ def run_memory_worker(spec: dict) -> dict:
     return json.loads(line[len(WORKER_PREFIX) :])
 
 
-# (ES method, GRPO's dtype, ES's dtype) of each setup, in the order printed
+# setup -> (ES method, model dtype, label); GRPO trains the same model in the same dtype
 MEMORY_SETUPS = {
-    "float32": ("es", "float32"),
-    "bf16": ("es", "bfloat16"),
-    "lowrank": ("es-lowrank", "float32"),
+    "float32": ("es", "float32", "float32 model, full-rank ES"),
+    "bf16": ("es", "bfloat16", "bf16 weights + float32 master (GPU-typical)"),
+    "lowrank": ("es-lowrank", "float32", "low-rank ES, float32 (model = master)"),
+    # the same with a quarter of the members per generate call (`population_batch_size`), a quarter of the KV cache
+    "lowrank_split": ("es-lowrank", "float32", "low-rank ES, N/4 members per call"),
+}
+MEMORY_KEYS = {  # RESULT key -> (setup, "ratio" of the peaks or "added_ratio")
+    "memory_ratio_es_over_grpo": ("bf16", "ratio"),
+    "memory_ratio_es_over_grpo_fp32": ("float32", "ratio"),
+    "memory_ratio_lowrank_over_grpo": ("lowrank", "ratio"),
+    "memory_ratio_added_es_over_grpo": ("float32", "added_ratio"),
+    "memory_ratio_es_lowrank_over_grpo": ("lowrank", "ratio"),
+    "memory_ratio_lowrank_split_over_grpo": ("lowrank_split", "ratio"),
 }
 
 
@@ -477,63 +495,56 @@ def memory_section(cli, model_paths: dict[str, str], device: str) -> dict:
         steps=cli.steps,
         threads=cli.threads,
         grpo_micro_batch=cli.grpo_micro_batch,
+        es_overrides={},
     )
     models = {"float32": cli.memory_model, "bfloat16": cli.bf16_model}
+    dtypes = dict.fromkeys(MEMORY_SETUPS[setup][1] for setup in cli.memory_setups)
     grpo = {
-        dtype: run_memory_worker({**spec, "model": model_paths[size], "method": "grpo", "dtype": dtype})
-        for dtype, size in models.items()
+        dtype: run_memory_worker({**spec, "model": model_paths[models[dtype]], "method": "grpo", "dtype": dtype})
+        for dtype in dtypes
     }
     runs = {}
-    for setup, (method, dtype) in MEMORY_SETUPS.items():
-        es = run_memory_worker({**spec, "model": model_paths[models[dtype]], "method": method, "dtype": dtype})
-        runs[setup] = {"es": es, "grpo": grpo[dtype], "model": models[dtype]}
+    for setup in cli.memory_setups:
+        method, dtype, _ = MEMORY_SETUPS[setup]
+        overrides = {"population_batch_size": max(1, cli.population_size // 4)} if setup == "lowrank_split" else {}
+        es = run_memory_worker({**spec, "model": model_paths[models[dtype]], "method": method, "dtype": dtype,
+                                "es_overrides": overrides})  # fmt: skip
+        runs[setup] = {"es": es, "grpo": grpo[dtype], "model": models[dtype], "es_overrides": overrides}
         runs[setup]["ratio"] = es["peak_bytes"] / grpo[dtype]["peak_bytes"]
         runs[setup]["added_ratio"] = es["added_bytes"] / grpo[dtype]["added_bytes"]
-    result = {
-        "setups": runs,
-        "memory_ratio_es_over_grpo": runs["bf16"]["ratio"],
-        "memory_ratio_es_over_grpo_fp32": runs["float32"]["ratio"],
-        "memory_ratio_lowrank_over_grpo": runs["lowrank"]["ratio"],
-        "memory_ratio_added_es_over_grpo": runs["float32"]["added_ratio"],
-        "memory_ratio_es_lowrank_over_grpo": runs["lowrank"]["ratio"],
-    }
+    result = {"setups": runs}
+    for key, (setup, ratio) in MEMORY_KEYS.items():
+        result[key] = runs[setup][ratio] if setup in runs else None
     mib = 2**20
     how = "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS"
     completions = cli.population_size * cli.batch_size
+    any_grpo = next(iter(grpo.values()))
     print(f"\n== 1. Peak memory of training, ES vs GRPO ({how}, from just before the model is loaded) ==")
     print(f"N={cli.population_size} (GRPO: group size), B={cli.batch_size} prompts, {completions} completions of "
-          f"{cli.max_completion_length} tokens per step, {cli.steps} steps, fresh process each; GRPO trains "
-          f"{grpo['float32']['grpo_micro_batch']} completions per forward/backward")  # fmt: skip
+          f"{cli.max_completion_length} tokens per step, fresh process each, ES 1 step, GRPO {cli.steps}; GRPO trains "
+          f"{any_grpo['grpo_micro_batch']} completions per forward/backward")  # fmt: skip
     print(f"{'setup (MiB)':46s}{'model':>8s}{'ES peak':>10s}{'GRPO peak':>11s}{'ratio':>8s}{'ES added':>10s}"
           f"{'GRPO added':>12s}{'ratio':>8s}")  # fmt: skip
-    labels = {
-        "float32": "float32 model, full-rank ES",
-        "bf16": "bf16 weights + float32 master (GPU-typical)",
-        "lowrank": "low-rank ES, float32 (model = master)",
-    }
     for setup, run in runs.items():
         es, grpo_run = run["es"], run["grpo"]
-        print(f"{labels[setup]:46s}{es['model_bytes'] / mib:8.1f}{es['peak_bytes'] / mib:10.1f}"
+        print(f"{MEMORY_SETUPS[setup][2]:46s}{es['model_bytes'] / mib:8.1f}{es['peak_bytes'] / mib:10.1f}"
               f"{grpo_run['peak_bytes'] / mib:11.1f}{run['ratio']:8.3f}{es['added_bytes'] / mib:10.1f}"
               f"{grpo_run['added_bytes'] / mib:12.1f}{run['added_ratio']:8.3f}")  # fmt: skip
     for setup, run in runs.items():
         es, grpo_run = run["es"], run["grpo"]
-        print(f"{labels[setup]} ({run['model']} model): parameters {es['parameter_bytes'] / mib:.1f} MiB; ES's "
-              f"float32 master {es['es_master_bytes'] / mib:.1f}; GRPO's gradients "
+        print(f"{MEMORY_SETUPS[setup][2]} ({run['model']} model): parameters {es['parameter_bytes'] / mib:.1f} MiB; "
+              f"ES's float32 master {es['es_master_bytes'] / mib:.1f}; GRPO's gradients "
               f"{grpo_run['parameter_bytes'] / mib:.1f} and AdamW moments "
               f"{grpo_run['grpo_optimizer_state_bytes'] / mib:.1f}")  # fmt: skip
-    reference = runs["float32"]["es"]["es_reference_file_bytes"]
-    print(f"es/param_distance's starting weights: a {reference / mib:.1f} MiB file, read one tensor at a time when "
-          f"logging (no copy in memory); GRPO gradient checkpointing="
-          f"{grpo['float32']['grpo_gradient_checkpointing']}, reference model="
-          f"{grpo['float32']['grpo_reference_model']}")  # fmt: skip
+    some_es = next(iter(runs.values()))["es"]
+    print(f"es/param_distance's starting weights: a {some_es['es_reference_file_bytes'] / mib:.1f} MiB file, read one "
+          f"tensor at a time when logging (no copy in memory); GRPO gradient checkpointing="
+          f"{any_grpo['grpo_gradient_checkpointing']}, reference model="
+          f"{any_grpo['grpo_reference_model']}")  # fmt: skip
     if not all(run["es"]["peak_reset"] and run["grpo"]["peak_reset"] for run in runs.values()):
         print("warning: the peak-RSS mark could not be reset; the peaks are the processes' lifetime peak RSS")
-    print(
-        f"memory_ratio_es_over_grpo (bf16) = {result['memory_ratio_es_over_grpo']:.3f}; "
-        f"memory_ratio_es_over_grpo_fp32 = {result['memory_ratio_es_over_grpo_fp32']:.3f}; "
-        f"memory_ratio_lowrank_over_grpo = {result['memory_ratio_lowrank_over_grpo']:.3f} (targets <= 0.4)"
-    )
+    shown = "; ".join(f"{key} = {result[key]:.3f}" for key in MEMORY_KEYS if result[key] is not None)
+    print(f"{shown} (targets <= 0.4)")
     return result
 
 
@@ -880,7 +891,7 @@ def run(cli, device: str, workdir: Path, started: float):
     sections = set(cli.sections)
     sizes = set()
     if "memory" in sections:
-        sizes |= {cli.memory_model, cli.bf16_model}
+        sizes |= {cli.memory_model} | ({cli.bf16_model} if "bf16" in cli.memory_setups else set())
     if "speed" in sections:
         sizes.add(cli.memory_model)
     if "lowrank" in sections:
@@ -917,8 +928,7 @@ def run(cli, device: str, workdir: Path, started: float):
 
     memory = section("memory", lambda: memory_section(cli, paths, device))
     if memory:
-        for key in ("memory_ratio_es_over_grpo", "memory_ratio_es_over_grpo_fp32", "memory_ratio_lowrank_over_grpo",
-                    "memory_ratio_added_es_over_grpo", "memory_ratio_es_lowrank_over_grpo"):  # fmt: skip
+        for key in MEMORY_KEYS:
             result[key] = memory[key]
     speed = section("speed", lambda: speed_section(cli, paths[cli.memory_model], device))
     if speed:
@@ -926,7 +936,7 @@ def run(cli, device: str, workdir: Path, started: float):
                     "overhead_crosses_1_05_at_prompt_tokens"):  # fmt: skip
             result[key] = speed[key]
         result["overhead_ratio_own_work"] = speed["users_regime"]["overhead_ratio_own_work"]
-    if memory and speed:  # GRPO's step from the float32 memory run (same N, B, T; not interleaved)
+    if memory and speed and "float32" in memory["setups"]:  # GRPO's step from its float32 memory run (not interleaved)
         grpo_step = memory["setups"]["float32"]["grpo"]["step_seconds"][-1]
         ratio = speed["users_regime"]["median_seconds"]["es_step"] / grpo_step
         result["time_ratio_es_over_grpo_per_step"] = result["time_ratio_es_over_grpo_per_completion"] = ratio
