@@ -53,7 +53,7 @@ rubric-lab: $(STAMP)
 
 # Without vLLM (`make VLLM_SPEC=`) the vLLM tests are skipped; otherwise a missing vLLM fails them.
 test: $(STAMP)
-	$(if $(VLLM_SPEC),,TRL_ES_ALLOW_MISSING_VLLM=1) $(PY) -m pytest -q -p no:cacheprovider
+	$(if $(VLLM_SPEC),,TRL_ES_ALLOW_MISSING_VLLM=1) $(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 test-fast: $(STAMP)
 	$(if $(VLLM_SPEC),,TRL_ES_ALLOW_MISSING_VLLM=1) $(PY) -m pytest -q -p no:cacheprovider -m "not slow"

@@ -12,7 +12,7 @@ Methods (`METHODS`):
 - `verifier`: ES on the verifier's reward, the upper bound (the only method that sees answers);
 - `static`: policy phases only, on the starting model's rubrics;
 - `coevolve-<pairs>`: EVOLM, policy and rubric phases alternating, with temporal, rubric-conditioned, inferred-question
-  or mixed pairs; `coevolve-margin`: temporal pairs with the margin rubric reward instead of the indicator;
+  or mixed pairs and the demo's margin rubric reward; `coevolve-indicator`: temporal pairs with the indicator reward;
 - `sequential`: all rubric phases (mixed inferred and rubric-conditioned pairs: no policy step has been taken, so no
   temporal pair exists), then all policy phases;
 - `grpo`, `es-policy-grpo-rubric`, `grpo-policy-es-rubric`: coevolve-temporal with GRPO for one or both roles;
@@ -56,7 +56,7 @@ METHODS: dict[str, dict | None] = {
     "coevolve-conditioned": {"pair_weights": {"rubric_conditioned": 1.0}},
     "coevolve-inferred": {"pair_weights": {"inferred": 1.0}},
     "coevolve-mixed": {"pair_weights": MIXED},
-    "coevolve-margin": {"pair_weights": {"temporal": 1.0}, "rubric_reward": "margin"},
+    "coevolve-indicator": {"pair_weights": {"temporal": 1.0}, "rubric_reward": "indicator"},
     "sequential": {"schedule": "sequential", "pair_weights": NO_TEMPORAL},
     "grpo": {"pair_weights": {"temporal": 1.0}, "policy_method": "grpo", "rubric_method": "grpo"},
     "es-policy-grpo-rubric": {"pair_weights": {"temporal": 1.0}, "rubric_method": "grpo"},
