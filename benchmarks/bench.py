@@ -422,7 +422,7 @@ def memory_worker(spec: dict) -> dict:
         peak_reset = reset_peak_rss()
     steps = spec["steps"] if spec["method"] == "grpo" else 1
     trainer = make_trainer(spec["method"], model, steps=steps, callbacks=[StepTimer()], **settings,
-                           **spec.get("es_overrides", {}))  # fmt: skip
+                           **spec["es_overrides"])  # fmt: skip
     trainer.train()
     peak = torch.cuda.max_memory_allocated() if cuda else peak_rss(peak_reset)
 
@@ -468,13 +468,14 @@ def run_memory_worker(spec: dict) -> dict:
     return json.loads(line[len(WORKER_PREFIX) :])
 
 
-# setup -> (ES method, model dtype, label); GRPO trains the same model in the same dtype
+# setup -> (ES method, model dtype, label, calls per step: N / calls members per generate call); GRPO trains the
+# same model in the same dtype
 MEMORY_SETUPS = {
-    "float32": ("es", "float32", "float32 model, full-rank ES"),
-    "bf16": ("es", "bfloat16", "bf16 weights + float32 master (GPU-typical)"),
-    "lowrank": ("es-lowrank", "float32", "low-rank ES, float32 (model = master)"),
+    "float32": ("es", "float32", "float32 model, full-rank ES", 1),
+    "bf16": ("es", "bfloat16", "bf16 weights + float32 master (GPU-typical)", 1),
+    "lowrank": ("es-lowrank", "float32", "low-rank ES, float32 (model = master)", 1),
     # the same with a quarter of the members per generate call (`population_batch_size`), a quarter of the KV cache
-    "lowrank_split": ("es-lowrank", "float32", "low-rank ES, N/4 members per call"),
+    "lowrank_split": ("es-lowrank", "float32", "low-rank ES, N/4 members per call", 4),
 }
 MEMORY_KEYS = {  # RESULT key -> (setup, "ratio" of the peaks or "added_ratio")
     "memory_ratio_es_over_grpo": ("bf16", "ratio"),
@@ -505,8 +506,8 @@ def memory_section(cli, model_paths: dict[str, str], device: str) -> dict:
     }
     runs = {}
     for setup in cli.memory_setups:
-        method, dtype, _ = MEMORY_SETUPS[setup]
-        overrides = {"population_batch_size": max(1, cli.population_size // 4)} if setup == "lowrank_split" else {}
+        method, dtype, _, calls = MEMORY_SETUPS[setup]
+        overrides = {"population_batch_size": max(1, cli.population_size // calls)} if calls > 1 else {}
         es = run_memory_worker({**spec, "model": model_paths[models[dtype]], "method": method, "dtype": dtype,
                                 "es_overrides": overrides})  # fmt: skip
         runs[setup] = {"es": es, "grpo": grpo[dtype], "model": models[dtype], "es_overrides": overrides}
