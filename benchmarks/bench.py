@@ -33,7 +33,8 @@ is why the headline figures use B x T >= 1,000 and section 2 prints the whole cu
    ES step (`perturbation="lowrank"`: the population in one batched call) and `model.generate` of the same N x B rows
    in one call with fixed weights: `lowrank_ratio_over_batched_generation` (the largest N).
 4. vLLM colocate: `benchmarks/vllm_es_overhead.py` at the users' N, B and T: `vllm_overhead_ratio`.
-5. Processes: `benchmarks/population_parallel.py`, steps per second of 2 processes over 1: `speedup_2_processes`.
+5. Processes: `benchmarks/population_parallel.py`, steps per second of 2 processes over 1: `speedup_2_processes`
+   (and `speedup_2_processes_unsharded_update`: the same with `shard_update=False`, side by side).
 6. (`--sections scale`) ES seconds per step against population size, prompt batch and model size.
 
 On CPU every process uses one torch thread unless `--threads` says otherwise: on a shared machine, OpenMP threads
@@ -827,13 +828,14 @@ def processes_section(cli, model_path: str, device: str) -> dict:
     script = Path(__file__).with_name("population_parallel.py")
     command = [sys.executable, str(script), "--model", model_path, "--population_size", str(cli.population_size),
                "--batch_size", str(cli.batch_size), "--max_completion_length", str(cli.max_completion_length),
-               "--steps", str(max(cli.repetitions, 2))]  # fmt: skip
+               "--steps", str(max(cli.repetitions, 2)), "--compare_shard_update"]  # fmt: skip
     process = subprocess.run(command, capture_output=True, text=True)
     if process.returncode != 0:
         return {"skipped": f"the processes benchmark failed (exit {process.returncode}): {process.stderr[-1500:]}"}
     result = _script_result(process)
-    two = [run for run in result["runs"] if run["processes"] == 2]
-    result["speedup_2_processes"] = two[0]["speedup"] if two else None
+    for key, shard_update in (("speedup_2_processes", True), ("speedup_2_processes_unsharded_update", False)):
+        two = [run for run in result["runs"] if run["processes"] == 2 and run["shard_update"] == shard_update]
+        result[key] = two[0]["speedup"] if two else None
     return result
 
 
@@ -960,6 +962,7 @@ def run(cli, device: str, workdir: Path, started: float):
     processes = section("processes", lambda: processes_section(cli, paths[cli.processes_model], device))
     if processes and "skipped" not in processes:
         result["speedup_2_processes"] = processes["speedup_2_processes"]
+        result["speedup_2_processes_unsharded_update"] = processes["speedup_2_processes_unsharded_update"]
     section("scale", lambda: scale_section(cli, paths, device))
     result["skipped"] = skipped
     result["elapsed_seconds"] = time.perf_counter() - started
@@ -970,7 +973,7 @@ def run(cli, device: str, workdir: Path, started: float):
         shown = f"{value:.3f}" if isinstance(value, float) else "null"
         print(f"{key:48s}{shown:>8s}  {setting}")
     for key in ("overhead_ratio_own_work", "vllm_overhead_ratio_own_work", "time_ratio_es_over_grpo_per_step",
-                "overhead_crosses_1_05_at_prompt_tokens"):  # fmt: skip
+                "overhead_crosses_1_05_at_prompt_tokens", "speedup_2_processes_unsharded_update"):  # fmt: skip
         if result.get(key) is not None:
             print(f"{key:48s}{result[key]:8.3f}")
     for name, reason in skipped.items():

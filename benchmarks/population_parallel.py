@@ -29,6 +29,12 @@ def parse_args(argv=None):
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--use_vllm", action="store_true", help="One colocated vLLM engine per process.")
+    parser.add_argument(
+        "--compare_shard_update",
+        action="store_true",
+        help="Also run every multi-process setting with `shard_update=False` (each process draws all of the update).",
+    )
+    parser.add_argument("--no_shard_update", action="store_true", help=argparse.SUPPRESS)  # a worker's setting
     parser.add_argument("--worker_output", default=None, help=argparse.SUPPRESS)  # set when launched as a worker
     return parser.parse_args(argv)
 
@@ -57,6 +63,7 @@ def worker(cli):
         use_cpu=True,
         use_vllm=cli.use_vllm,
         vllm_mode="colocate",
+        shard_update=not cli.no_shard_update,
     )
     dataset = digit_prompts(cli.batch_size * (cli.steps + 1))
     trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=dataset)
@@ -81,8 +88,11 @@ def main():
         cli.model = str(save_tiny_model(tempfile.mkdtemp() + "/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
     accelerate = Path(sys.executable).with_name("accelerate")
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    settings = [(processes, True) for processes in cli.processes]
+    if cli.compare_shard_update:
+        settings += [(processes, False) for processes in cli.processes if processes > 1]
     rows = []
-    for processes in cli.processes:
+    for processes, shard_update in settings:
         output = Path(tempfile.mkdtemp()) / "timing.json"
         config = CONFIGS / ("single_gpu.yaml" if processes == 1 else "multi_gpu.yaml")
         command = [
@@ -90,22 +100,24 @@ def main():
             *("--model", cli.model, "--population_size", str(cli.population_size), "--steps", str(cli.steps)),
             *("--batch_size", str(cli.batch_size), "--max_completion_length", str(cli.max_completion_length)),
             *("--worker_output", str(output), *(["--use_vllm"] if cli.use_vllm else [])),
+            *([] if shard_update else ["--no_shard_update"]),
         ]
         subprocess.run(command, check=True, env=environment, capture_output=True)
         timing = json.loads(output.read_text())
         seconds = statistics.median(timing["step_times"])
         phases = {phase: statistics.median(timing[phase]) for phase in PHASES}
         phases["other"] = seconds - sum(phases.values())  # gathers, tokenising, logging, the agreement check
-        rows.append({"processes": processes, "torch_threads": timing["torch_threads"], "seconds_per_step": seconds,
-                     "steps_per_second": 1 / seconds, "phases": phases})  # fmt: skip
+        rows.append({"processes": processes, "shard_update": shard_update, "torch_threads": timing["torch_threads"],
+                     "seconds_per_step": seconds, "steps_per_second": 1 / seconds, "phases": phases})  # fmt: skip
     base = rows[0]["steps_per_second"]
     print(f"N={cli.population_size}, B={cli.batch_size}, {cli.max_completion_length} new tokens, model {cli.model}")
     print("phases: the main process's seconds per step (medians); `other` is the rest of the step")
-    print(f"{'processes':>10s}{'threads':>8s}{'s/step':>9s}{'steps/s':>9s}{'speedup':>9s}"
+    print(f"{'processes':>10s}{'sharded':>8s}{'threads':>8s}{'s/step':>9s}{'steps/s':>9s}{'speedup':>9s}"
           + "".join(f"{phase:>10s}" for phase in [*PHASES, "other"]))  # fmt: skip
     for row in rows:
         row["speedup"] = row["steps_per_second"] / base
-        print(f"{row['processes']:>10d}{row['torch_threads']:>8d}{row['seconds_per_step']:>9.3f}"
+        sharded = "-" if row["processes"] == 1 else "yes" if row["shard_update"] else "no"
+        print(f"{row['processes']:>10d}{sharded:>8s}{row['torch_threads']:>8d}{row['seconds_per_step']:>9.3f}"
               f"{row['steps_per_second']:>9.3f}{row['speedup']:>9.2f}"
               + "".join(f"{row['phases'][phase]:>10.3f}" for phase in [*PHASES, "other"]))  # fmt: skip
     print("RESULT " + json.dumps({"benchmark": "population_parallel", "runs": rows}))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import is_peft_model
 
+from ..core.distributed import UpdateShards
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
 from ..trl_compat import lora_enabled_llm
@@ -39,12 +40,15 @@ class Population:
     master: MasterWeights
     backend: PopulationBackend
     parameters: dict[str, torch.nn.Parameter]
+    update_shards: UpdateShards | None = None
 
     @torch.no_grad()
     def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> float:
         """Move the centre by `lr * sum_seed coef * eps(seed)` (with decoupled weight decay) in the master, the
         trainer's model and the backend; returns the norm of the step."""
-        update_norm = self.master.apply_update(coefficients, lr=lr, weight_decay=weight_decay)
+        update_norm = self.master.apply_update(
+            coefficients, lr=lr, weight_decay=weight_decay, shards=self.update_shards
+        )
         for name, master in self.master.tensors.items():
             parameter = self.parameters[name]
             if parameter.data_ptr() != master.data_ptr():  # a float32 parameter may be the master itself
@@ -112,6 +116,7 @@ def build_population(
     llm=None,
     lossy_masters: dict[str, torch.Tensor] | None = None,
     resumed_from: str | None = None,
+    update_shards: UpdateShards | None = None,
 ) -> Population:
     """The master of `model`'s evolving parameters (`requires_grad=True`) and the backend `args` asks for.
 
@@ -123,6 +128,7 @@ def build_population(
         lossy_masters (`dict[str, torch.Tensor]`, *optional*): When resuming, the float32 masters of the parameters
             whose model dtype rounds them (from the checkpoint's `es_state/`).
         resumed_from (`str`, *optional*): The checkpoint a resumed run starts from (a vLLM server reads it).
+        update_shards ([`UpdateShards`], *optional*): With several processes, how they share computing the update.
     """
     parameters = evolving_parameters(model)
     vllm_mode = args.vllm_mode if args.use_vllm else None
@@ -154,7 +160,7 @@ def build_population(
     else:
         backend = _server_backend(args, master, parameters, resumed_from)
     backend.check_consistency(step=0)
-    return Population(master, backend, parameters)
+    return Population(master, backend, parameters, update_shards)
 
 
 def evolving_parameters(model) -> dict[str, torch.nn.Parameter]:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
 from .noise import Member, parameter_noise
+
+if TYPE_CHECKING:
+    from .distributed import UpdateShards
 
 
 class MasterWeights:
@@ -58,24 +62,37 @@ class MasterWeights:
         """Whether tensor `name` is kept fixed: neither perturbed nor updated (every tensor evolves here)."""
         return False
 
-    def apply_update(self, coefficients: dict[int, float], lr: float, weight_decay: float = 0.0) -> float:
+    def apply_update(
+        self,
+        coefficients: dict[int, float],
+        lr: float,
+        weight_decay: float = 0.0,
+        shards: UpdateShards | None = None,
+    ) -> float:
         """`master <- master * (1 - lr * weight_decay) + lr * direction` for every tensor that is not frozen; returns
-        the L2 norm of `lr * direction`.
+        the L2 norm of `lr * direction`. With `shards`, the processes share computing the directions (the result is
+        bitwise the same).
 
         Raises `NonFiniteError` instead of writing a non-finite value: coefficients, `lr` and the decay factor are
         checked before any tensor changes, and each tensor's step before it is added (an overflow found there leaves
         the tensors before it updated, all finite)."""
         check_update_settings(coefficients, lr, weight_decay)
-        squared_norm = 0.0
-        for name, master in self.tensors.items():
-            if self.is_frozen(name):
-                continue
-            step = self.update_direction(name, coefficients).mul_(lr)
+        names = [name for name in self.tensors if not self.is_frozen(name)]
+        if shards is None:
+            directions = ((name, self.update_direction(name, coefficients)) for name in names)
+        else:
+            directions = shards.directions(self, names, coefficients)
+        squared_norms = {}
+        for name, direction in directions:
+            master, step = self.tensors[name], direction.mul_(lr)
             check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr)
             if weight_decay:
                 master.mul_(1.0 - lr * weight_decay)
             master.add_(step)
-            squared_norm += float(step.double().pow(2).sum())
+            squared_norms[name] = float(step.double().pow(2).sum())
+        squared_norm = 0.0
+        for name in names:  # in tensor order, however the directions came: the same float on any number of processes
+            squared_norm += squared_norms[name]
         return math.sqrt(squared_norm)
 
     def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:

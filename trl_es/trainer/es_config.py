@@ -160,6 +160,12 @@ class ESConfig(GRPOConfig):
             With `perturbation="lowrank"`: how many members generate together in one call (each call has
             `population_batch_size x` the prompt batch's rows; with vLLM it is also the engine's number of LoRA slots).
             Defaults to all of a process's members; lower it if the batch does not fit in memory.
+        shard_update (`bool`, *optional*, defaults to `True`):
+            With several processes, split the update's noise draws between them: each process computes the update
+            direction of a share of the tensors (summing the members in the same order as one process would) and
+            broadcasts it, so the weights stay bitwise the same as with one process. Each process then receives
+            (P - 1)/P of the model in float32 per step; turn it off across machines whose network is slower than
+            drawing `population_size` noises of the model again.
         noise_seed (`int`, *optional*):
             Seed of the members' noise and of their shared sampling seeds; `seed` when unset. `SequentialTrainer`
             gives every ES stage after the first its own, so that stages do not replay each other's members.
@@ -249,6 +255,14 @@ class ESConfig(GRPOConfig):
     population_batch_size: int | None = field(
         default=None,
         metadata={"help": "Low-rank members generating together in one call; default: all of a process's members."},
+    )
+
+    shard_update: bool = field(
+        default=True,
+        metadata={
+            "help": "With several processes, each computes the update of a share of the tensors and broadcasts it "
+            "(bitwise the same result). Turn off where the network is slower than drawing the noise again."
+        },
     )
 
     noise_seed: int | None = field(

@@ -48,6 +48,7 @@ from ..core.checkpoint import (
     save_es_state,
 )
 from ..core.distributed import (
+    UpdateShards,
     check_population_divides,
     check_ranks_agree,
     from_process,
@@ -257,10 +258,18 @@ class ESTrainer(GRPOTrainer):
                 llm=getattr(getattr(self, "vllm_generation", None), "llm", None),
                 lossy_masters=lossy_masters,
                 resumed_from=checkpoint,
+                update_shards=self._update_shards(),
             )
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
         return self._population
+
+    def _update_shards(self) -> UpdateShards | None:
+        """How the processes share computing the update, or None to compute all of it on each."""
+        processes = self.accelerator.num_processes
+        if processes == 1 or not self.args.shard_update:
+            return None
+        return UpdateShards(self.accelerator.process_index, processes)
 
     def release_population(self) -> None:
         """Drop the population (and the engine model its backend holds); the next use builds it again."""
