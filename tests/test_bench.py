@@ -26,7 +26,8 @@ def test_bench_prints_every_ratio_on_its_last_line():
                 "overhead_ratio_es_over_generation", "overhead_ratio_es_over_generation_small_batch",
                 "lowrank_ratio_over_batched_generation", "lowrank_ratio_es_over_generation_n2",
                 "fullrank_ratio_es_over_batched_generation_n2", "memory_ratio_es_lowrank_over_grpo",
-                "time_ratio_es_over_grpo_per_step", "speedup_2_processes"):  # fmt: skip
+                "time_ratio_es_over_grpo_per_step", "speedup_2_processes",
+                "speedup_2_processes_unsharded_update"):  # fmt: skip
         assert result[key] > 0, key
     assert result["vllm_overhead_ratio"] is None and result["skipped"]["vllm"] == "not among --sections"
     # ES keeps no gradients and no optimizer state: it adds less memory than GRPO's AdamW step on the same model.
