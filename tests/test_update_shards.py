@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trl_es.core.distributed import UpdateShards
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
+from trl_es.core.update_shards import UpdateShards
 
 COEFFICIENTS = {11: 0.7, 12: -0.3, 13: 0.0, 14: 1.25}
 SHAPES = {

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import is_peft_model
 
-from ..core.distributed import UpdateShards
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
+from ..core.update_shards import UpdateShards
 from ..trl_compat import lora_enabled_llm
 from .base import PopulationBackend
 from .hf import HFBackend, TokenIds

@@ -4,14 +4,10 @@ Every process sees the whole prompt batch of the step and evaluates its share of
 process `r` evaluates member `j * P + r`. Because every process runs the same number of rounds, the collectives that
 score a round (TRL's reward gather) line up, and each round's gathered rewards are exactly the rewards of members
 `jP .. jP + P - 1` in order. Every process then applies the same update from (seeds, coefficients), summed in member
-order, so the weights do not depend on the number of processes. Drawing every member's noise again for that update
-is work each process would repeat: `UpdateShards` splits it by tensor, each tensor's direction computed by one process
-(in the same member order) and broadcast bit for bit.
+order, so the weights do not depend on the number of processes (`update_shards.py` shares computing that update).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import torch
 from accelerate import Accelerator
@@ -74,36 +70,3 @@ def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int
             f"first {differing[:3]}). Every process must apply the same update; check that all of them run the same "
             "code, seed and data."
         )
-
-
-class UpdateShards:
-    """Split the update's noise draws over the processes, by tensor, without changing a bit of the result.
-
-    Tensors are taken in rounds of P, sorted by size so that the tensors of a round cost about the same: in each round
-    process `k` computes the direction of the round's `k`-th tensor (summing the members in the fixed order, exactly
-    as one process would), then every process receives all of the round's directions by broadcast. So each process
-    draws 1/P of the noise, holds at most P directions at once, and applies the same bits as with one process.
-    The exchange moves (P - 1)/P of the model in float32 to every process per step: cheaper than drawing N noises
-    on one machine, not always across machines on a slow network (`ESConfig.shard_update=False` turns it off).
-    """
-
-    def __init__(self, rank: int, num_processes: int):
-        self.rank = rank
-        self.num_processes = num_processes
-
-    def directions(
-        self, master: MasterWeights, names: list[str], coefficients: dict[int, float]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(name, master.update_direction(name, coefficients))` for every tensor in `names`, in rounds."""
-        by_size = sorted(names, key=lambda name: master.tensors[name].numel())
-        for start in range(0, len(by_size), self.num_processes):
-            round_names = by_size[start : start + self.num_processes]
-            received = [
-                master.update_direction(name, coefficients)
-                if owner == self.rank
-                else torch.empty_like(master.tensors[name])
-                for owner, name in enumerate(round_names)
-            ]
-            for owner, direction in enumerate(received):
-                torch.distributed.broadcast(direction, src=owner)
-            yield from zip(round_names, received, strict=True)

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
 from .noise import Member, parameter_noise
-
-if TYPE_CHECKING:
-    from .distributed import UpdateShards
+from .update_shards import UpdateShards
 
 
 class MasterWeights:
@@ -81,7 +78,7 @@ class MasterWeights:
         if shards is None:
             directions = ((name, self.update_direction(name, coefficients)) for name in names)
         else:
-            directions = shards.directions(self, names, coefficients)
+            directions = shards.directions(self.tensors, names, lambda name: self.update_direction(name, coefficients))
         squared_norms = {}
         for name, direction in directions:
             master, step = self.tensors[name], direction.mul_(lr)

@@ -48,7 +48,6 @@ from ..core.checkpoint import (
     save_es_state,
 )
 from ..core.distributed import (
-    UpdateShards,
     check_population_divides,
     check_ranks_agree,
     from_process,
@@ -59,6 +58,7 @@ from ..core.fitness import any_scored, member_fitness, shape_fitness, update_coe
 from ..core.guards import NonFiniteError, check_finite_tensors, check_fitness, first_infinite_reward
 from ..core.noise import population as population_members
 from ..core.noise import sampling_seed
+from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.metrics import StartingWeights, population_diversity
 from ..evaluation.trainer_coverage import measure_trainer
