@@ -34,7 +34,8 @@ class Population:
     """The centre of an ES run (the float32 master, with sigma) and the backend that evaluates its members.
 
     `parameters` are the trainer's model's evolving parameters, which hold the centre between steps: checkpoints
-    save them, evaluation and callbacks read them.
+    save them, evaluation and callbacks read them. `update_shards`, with several processes, shares computing the
+    update between them (None: each process computes all of it).
     """
 
     master: MasterWeights
