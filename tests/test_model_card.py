@@ -3,6 +3,7 @@
 import pytest
 from scripts.fast_es import fast_es_config, fast_grpo_config
 
+from trl_es.trainer.es_config import RUN_SETTINGS
 from trl_es.trainer.model_card import (
     ES_CARD_HYPERPARAMETERS,
     es_hyperparameters,
@@ -72,17 +73,47 @@ def test_equal_reward_weights_are_not_spelled_out(config):
     assert "Reward functions: `accuracy_reward`." in content
 
 
+def table_rows(card) -> dict[str, list[str]]:
+    """The hyperparameter table: `{name: [value, meaning]}`."""
+    lines = [line for line in card.content.splitlines() if line.startswith("| `")]
+    return {cells[0].strip("`"): cells[1:] for cells in (line.strip("| ").split(" | ") for line in lines)}
+
+
 def test_every_es_hyperparameter_has_a_row_with_its_value_and_meaning(config):
-    lines = [line for line in es_card(config).content.splitlines() if line.startswith("| `")]
-    rows = {cells[0].strip("`"): cells[1:] for cells in (line.strip("| ").split(" | ") for line in lines)}
+    rows = table_rows(es_card(config))
     for name in ("population_size", "sigma", "antithetic", "fitness_shaping", "perturbation", "learning_rate"):
         assert name in rows, name
-    shown = [name for name in ES_CARD_HYPERPARAMETERS if getattr(config, name) is not None] + ["max_steps"]
+    shown = [name for name in ES_CARD_HYPERPARAMETERS if getattr(config, name) not in (None, {})] + ["max_steps"]
     assert set(shown) == set(rows)
     for name in shown:
         value, meaning = rows[name]
         assert value == f"`{'constant' if name == 'lr_scheduler_type' else getattr(config, name)}`", name
         assert meaning.endswith(".") and len(meaning) > 10, (name, meaning)
+
+
+def test_every_setting_that_decides_the_run_is_in_the_table(tmp_path):
+    config = fast_es_config(
+        tmp_path / "run",
+        data_seed=3,
+        lr_scheduler_type="cosine",
+        lr_scheduler_kwargs={"num_cycles": 0.5},
+        chat_template_kwargs={"enable_thinking": False},
+        model_init_kwargs={"dtype": "bfloat16"},
+        use_vllm=True,
+        vllm_mode="server",
+    )
+    rows = table_rows(es_card(config))
+    # Every run setting that is set; the reward weights are in the card's text.
+    decisive = [name for name in RUN_SETTINGS if name != "reward_weights" and getattr(config, name) not in (None, {})]
+    assert len(decisive) >= 25 and [name for name in decisive if name not in rows] == []
+    assert rows["vllm_mode"][0] == "`server`" and rows["model_init_kwargs"][0] == "`{'dtype': 'bfloat16'}`"
+    assert rows["lr_scheduler_type"][0] == "`cosine`" and rows["data_seed"][0] == "`3`"
+
+
+def test_unset_settings_and_other_backends_settings_have_no_row(config):
+    rows = table_rows(es_card(config))
+    assert config.data_seed is None and config.chat_template_kwargs is None and not config.use_vllm
+    assert not {"data_seed", "chat_template_kwargs", "vllm_mode", "lowrank_rank"} & set(rows)
 
 
 def test_low_rank_runs_show_their_rank_and_cite_eggroll(tmp_path):

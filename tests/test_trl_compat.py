@@ -87,3 +87,12 @@ def test_trl_builds_its_colocated_engine_through_the_llm_name():
         f"{TRL} no longer creates the colocated engine with trl.generation.vllm_generation.LLM; "
         "update trl_compat.lora_enabled_llm."
     )
+
+
+def test_trl_finds_the_trackio_space_url_with_its_utils_helper():
+    from trl.trainer import utils
+
+    assert callable(getattr(utils, "get_trackio_space_url", None)), (
+        f"{TRL} no longer has trl.trainer.utils.get_trackio_space_url; update trl_compat.tracker_urls."
+    )
+    assert trl_compat.tracker_urls() == {"wandb_url": None, "trackio_url": None}  # no tracker runs in the tests

@@ -22,6 +22,7 @@ PRIVATE_NAMES = {
     "completion_table": ["GRPOTrainer._logs"],
     "sync_engine_weights": ["GRPOTrainer._last_loaded_step"],
     "lora_enabled_llm": ["trl.generation.vllm_generation.LLM"],
+    "tracker_urls": ["trl.trainer.utils.get_trackio_space_url"],
 }
 
 
@@ -89,3 +90,17 @@ def lora_enabled_llm(max_lora_rank: int, max_loras: int) -> Iterator[None]:
         yield
     finally:
         vllm_generation.LLM = original
+
+
+def tracker_urls() -> dict[str, str | None]:
+    """The running experiment's pages, as GRPOTrainer's model card links them: `{"wandb_url": ..., "trackio_url": ...}`
+    (None where that tracker is not running). TRL finds the Trackio Space URL with a helper of its `trainer.utils`."""
+    from transformers import is_wandb_available
+    from trl.trainer.utils import get_trackio_space_url
+
+    wandb_url = None
+    if is_wandb_available():
+        import wandb
+
+        wandb_url = wandb.run.url if wandb.run is not None else None
+    return {"wandb_url": wandb_url, "trackio_url": get_trackio_space_url()}

@@ -62,7 +62,7 @@ from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.metrics import StartingWeights, population_diversity
 from ..evaluation.trainer_coverage import measure_trainer
-from ..trl_compat import calculate_rewards, completion_table, logged_metrics, take_reward_logs
+from ..trl_compat import calculate_rewards, completion_table, logged_metrics, take_reward_logs, tracker_urls
 from .es_config import ESConfig, changed_run_settings, grpo_loss_defaults, grpo_loss_settings, run_settings
 from .model_card import es_hyperparameters, es_papers, generate_es_model_card
 from .reward_checks import checked_reward_function, short_repr, unscored_summary
@@ -734,6 +734,7 @@ class ESTrainer(GRPOTrainer):
             reward_functions=self.reward_func_names,
             reward_weights=self.reward_weights.tolist(),
             papers=es_papers(self.args),
+            **tracker_urls(),
         )
         card.save(Path(self.args.output_dir) / "README.md")
 

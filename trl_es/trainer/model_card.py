@@ -85,8 +85,11 @@ ES_MEANINGS = {
     "gradient_accumulation_steps": "Prompt batches per ES step.",
     "max_steps": "ES steps of the run.",
     "num_train_epochs": "Passes over the training set.",
-    "warmup_steps": "Steps of linear warmup of the step size from 0.",
+    "warmup_steps": "Linear warmup of the step size from 0: a number of steps, or a fraction of the run below 1.",
     "use_vllm": "Completions generated with vLLM (otherwise with transformers' `generate`).",
+    "vllm_mode": "Where vLLM ran: `colocate` (in the training processes) or `server` (`trl-es vllm-serve`).",
+    "cast_lm_head_to_fp32": "The language-modelling head computed in float32.",
+    "model_init_kwargs": "Arguments the model was loaded with (`from_pretrained`), such as its dtype.",
 }
 # The same, for a GRPO stage's line where TRL's first sentence says little.
 GRPO_MEANINGS = {
@@ -94,8 +97,9 @@ GRPO_MEANINGS = {
     "per_device_train_batch_size": "Completions per process per step (`num_generations` per prompt).",
 }
 
-# The ES card's table: the method's hyperparameters, what a member is scored on, and the batch and length of the run.
-# A setting that is unset (None) is left out.
+# The ES card's table: the method's hyperparameters, what a member is scored on, the batch and length of the run, and
+# every other setting that decides what the run computed (`RUN_SETTINGS`; the reward weights are in the card's text).
+# A setting that is unset (None, or an empty mapping) is left out.
 ES_CARD_HYPERPARAMETERS = (
     "population_size",
     "sigma",
@@ -104,10 +108,13 @@ ES_CARD_HYPERPARAMETERS = (
     "perturbation",
     "learning_rate",
     "lr_scheduler_type",
+    "lr_scheduler_kwargs",
     "warmup_steps",
     "weight_decay",
     "noise_seed",
     "seed",
+    "data_seed",
+    "shuffle_dataset",
     "num_generations",
     "temperature",
     "top_p",
@@ -116,11 +123,16 @@ ES_CARD_HYPERPARAMETERS = (
     "repetition_penalty",
     "max_completion_length",
     "generation_kwargs",
+    "chat_template_kwargs",
+    "disable_dropout",
+    "cast_lm_head_to_fp32",
+    "model_init_kwargs",
     "use_vllm",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
 )
 LOWRANK_CARD_HYPERPARAMETERS = ("lowrank_rank", "lowrank_other_parameters")
+VLLM_CARD_HYPERPARAMETERS = ("vllm_mode",)
 
 # A stage's line in the sequential card's summary table (its section holds the whole table).
 ES_STAGE_SUMMARY = ("population_size", "sigma", "learning_rate", "num_generations", "temperature", "max_steps")
@@ -187,14 +199,15 @@ def _rows(args, names) -> list[Hyperparameter]:
     return [
         Hyperparameter(name, readable(getattr(args, name)), _meaning(args, name))
         for name in names
-        if getattr(args, name) is not None
+        if getattr(args, name) not in (None, {})
     ]
 
 
 def es_hyperparameters(args) -> list[Hyperparameter]:
     """The card's hyperparameter table, read from an `ESConfig`."""
     lowrank = LOWRANK_CARD_HYPERPARAMETERS if args.perturbation == "lowrank" else ()
-    return _rows(args, ES_CARD_HYPERPARAMETERS + lowrank + _training_length(args))
+    vllm = VLLM_CARD_HYPERPARAMETERS if args.use_vllm else ()
+    return _rows(args, ES_CARD_HYPERPARAMETERS + lowrank + vllm + _training_length(args))
 
 
 def stage_hyperparameters(args) -> list[Hyperparameter]:
