@@ -129,16 +129,30 @@ def test_a_sequential_push_with_stages_puts_each_stage_model_in_its_folder_on_th
     assert 'subfolder="stage-0-es"' in files["README.md"].decode()
 
 
-def test_no_pushed_file_holds_the_token_or_a_local_path(pushed):
+def test_the_sequential_command_pushes_to_its_revision_with_the_dataset_in_the_card(pushed):
+    hub, _ = pushed
+    cli_repo = repo(hub, "es-then-grpo-cli")
+    assert [(c.revision, c.summary) for c in hub.commits_to(cli_repo)] == [
+        ("main", "initial commit"),
+        ("cli", "ES → GRPO with trl-es: final model"),
+    ]
+    files = hub.files(cli_repo, "cli")
+    assert MODEL_FILES <= set(files) and ModelCard(files["README.md"].decode()).data.datasets == "trl-lib/digits"
+    assert set(hub.files(cli_repo)) == {".gitattributes"}
+
+
+def test_no_pushed_file_holds_the_token_or_a_local_path(pushed, tiny_model_path):
     hub, work_dir = pushed
-    token, local = hub.token.encode(), str(work_dir).encode()
+    token = hub.token.encode()
+    # The run's folders and the base model's: a card or config naming them would publish a local path.
+    local = [str(work_dir).encode(), str(Path(tiny_model_path).resolve()).encode(), tiny_model_path.encode()]
     for commit in hub.commits:
         for path, content in commit.added.items():
             assert token not in content, (commit.repo_id, path)
             # training_args.bin is transformers' pickle of the whole config, output_dir included, as every Trainer
             # pushes it.
             if Path(path).name != "training_args.bin":
-                assert local not in content, (commit.repo_id, path)
+                assert not [folder for folder in local if folder in content], (commit.repo_id, path)
     writes = [auth for method, _, auth in hub.requests if method == "POST"]
     assert writes and all(auth == f"Bearer {hub.token}" for auth in writes)  # the token travels in headers only
 

@@ -6,7 +6,9 @@ Used by tests/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests/hub_server.
   checkpoint under `last-checkpoint/`), then `trainer.push_to_hub(dataset_name=...)`;
 - `es-tiny-branch`: the same trainer pushed with `hub_revision="es-branch"`, to a branch of a new repo;
 - `es-then-grpo-tiny`: SequentialTrainer (ES then GRPO) pushed without its stages, and `es-then-grpo-tiny-stages`
-  with them (`include_stages=True`), to branch `stages`.
+  with them (`include_stages=True`), to branch `stages`;
+- `es-then-grpo-cli`: the same sequence pushed as `trl-es es-then-grpo --push_to_hub --hub_model_id es-then-grpo-cli
+  --hub_revision cli --dataset_name ...` pushes it (`train_and_push`: its stages are done, so it only pushes).
 """
 
 import argparse
@@ -16,6 +18,7 @@ from fast_es import fast_es_config, fast_grpo_config
 from transformers import TrainerCallback
 
 from trl_es import ESTrainer
+from trl_es.cli.sequential import train_and_push
 from trl_es.sequential.trainer import SequentialTrainer
 from trl_es.testing import digit_fraction, digit_prompts
 
@@ -72,6 +75,8 @@ def main():
     sequence.train()
     sequence.push_to_hub("es-then-grpo-tiny", dataset_name=DATASET)
     sequence.push_to_hub("es-then-grpo-tiny-stages", include_stages=True, revision="stages", dataset_name=DATASET)
+    cli_args = fast_es_config(cli.work_dir, push_to_hub=True, hub_model_id="es-then-grpo-cli", hub_revision="cli")
+    train_and_push(sequence, cli_args, dataset_name=DATASET)
     print("PUSHED")
 
 

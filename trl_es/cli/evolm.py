@@ -110,7 +110,7 @@ def main(script_args, evolm_args, training_args, model_args, dataset_args):
         seed=training_args.seed,
     )
     trainer = EvolmTrainer(model_args.model_name_or_path, evolm_args.judge(), config, train_dataset)
-    train_and_push(trainer, training_args)
+    train_and_push(trainer, training_args, dataset_name=script_args.dataset_name)
 
 
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:

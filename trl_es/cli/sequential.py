@@ -51,11 +51,12 @@ def main(script_args, sequence_args, training_args, model_args, dataset_args):
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
     )
-    train_and_push(sequence, training_args)
+    train_and_push(sequence, training_args, dataset_name=script_args.dataset_name)
 
 
-def train_and_push(sequence, training_args) -> None:
-    """Train a `SequentialTrainer` (or an `EvolmTrainer`), push its final model when asked, and leave together."""
+def train_and_push(sequence, training_args, dataset_name: str | None = None) -> None:
+    """Train a `SequentialTrainer` (or an `EvolmTrainer`), push its final model when asked (to `hub_model_id`, branch
+    `hub_revision`, with a card naming `dataset_name`), and leave together."""
     from accelerate import PartialState
 
     final_model = sequence.train()
@@ -64,7 +65,12 @@ def train_and_push(sequence, training_args) -> None:
         print(f"Training completed. Final model saved to {final_model}.")
         if training_args.push_to_hub:
             repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
-            sequence.push_to_hub(repo_id, private=training_args.hub_private_repo)
+            sequence.push_to_hub(
+                repo_id,
+                private=training_args.hub_private_repo,
+                revision=training_args.hub_revision,
+                dataset_name=dataset_name,
+            )
             print(f"Model pushed to the Hub in https://huggingface.co/{repo_id}.")
 
     # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts.

@@ -198,10 +198,10 @@ class EvolmTrainer:
         probe_judge(self.judge)  # a judge that is down or answers in another format stops the run now, not later
         return self.sequence.train()
 
-    def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None) -> None:
-        """As [`SequentialTrainer.push_to_hub`]: the final model and its card, and with `include_stages` every
-        phase's model."""
-        self.sequence.push_to_hub(repo_id, include_stages=include_stages, private=private)
+    def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None, **kwargs):
+        """As [`SequentialTrainer.push_to_hub`] (same arguments: `revision`, `commit_message`, `token`,
+        `dataset_name`): the final model and its card, and with `include_stages` every phase's model."""
+        return self.sequence.push_to_hub(repo_id, include_stages=include_stages, private=private, **kwargs)
 
     # ------------------------------------------------------------------------------------------------------------
     # Phases
