@@ -92,6 +92,8 @@ def test_hub_revision_pushes_to_its_branch_and_leaves_main_alone(pushed):
     branch_repo = repo(hub, "es-tiny-branch")
     assert [(c.revision, c.summary) for c in hub.commits_to(branch_repo)] == [
         ("main", "initial commit"),
+        ("es-branch", "Training in progress, step 1"),
+        ("es-branch", "Training in progress, step 2"),
         ("es-branch", "End of training"),
     ]
     assert set(hub.files(branch_repo)) == {".gitattributes"}

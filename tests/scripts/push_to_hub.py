@@ -4,7 +4,8 @@ Used by tests/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests/hub_server.
     python push_to_hub.py MODEL WORK_DIR
 - `es-tiny`: ESTrainer with `push_to_hub=True` and `hub_strategy="checkpoint"` (a push at every save, the last
   checkpoint under `last-checkpoint/`), then `trainer.push_to_hub(dataset_name=...)`;
-- `es-tiny-branch`: the same trainer pushed with `hub_revision="es-branch"`, to a branch of a new repo;
+- `es-tiny-branch`: a run with `push_to_hub=True, hub_revision="es-branch"`: every save and the end of training
+  pushed to a branch of a new repo;
 - `es-then-grpo-tiny`: SequentialTrainer (ES then GRPO) pushed without its stages, and `es-then-grpo-tiny-stages`
   with them (`include_stages=True`), to branch `stages`;
 - `es-then-grpo-cli`: the same sequence pushed as `trl-es es-then-grpo --push_to_hub --hub_model_id es-then-grpo-cli
@@ -57,9 +58,17 @@ def main():
     trainer.add_callback(WaitForPush(trainer))
     trainer.train()
     trainer.push_to_hub(dataset_name=DATASET)
-    # The same trainer, to the branch `hub_revision` of another repo: push_to_hub creates both.
-    trainer.args.hub_model_id, trainer.args.hub_revision = "es-tiny-branch", "es-branch"
-    trainer.hub_model_id = None
+    # Another run, pushing every checkpoint to the branch `hub_revision` of a new repo: the trainer creates both.
+    args = fast_es_config(
+        f"{cli.work_dir}/es-tiny-branch",
+        push_to_hub=True,
+        hub_revision="es-branch",
+        save_strategy="steps",
+        save_steps=1,
+    )
+    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
+    trainer.add_callback(WaitForPush(trainer))
+    trainer.train()
     trainer.push_to_hub(dataset_name=DATASET)
 
     sequence = SequentialTrainer(
