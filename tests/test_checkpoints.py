@@ -130,7 +130,16 @@ def test_save_model_writes_an_es_model_card(tiny_model_path, prompts, make_confi
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("sigma", 0.07), ("population_size", 2), ("fitness_shaping", "centered_rank"), ("seed", 7)]
+    ("name", "value"),
+    [
+        ("sigma", 0.07),
+        ("population_size", 2),
+        ("fitness_shaping", "centered_rank"),
+        ("seed", 7),
+        ("temperature", 0.5),
+        ("weight_decay", 0.01),
+        ("perturbation", "lowrank"),
+    ],
 )
 def test_resuming_with_another_run_setting_names_it(tiny_model_path, prompts, make_config, name, value):
     config = resumable_config(make_config, max_steps=2)

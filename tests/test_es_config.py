@@ -56,6 +56,7 @@ def test_grpo_only_fields_exist_in_grpo_config():
         ({"reward_weights": [1.0, float("nan")]}, r"reward_weights must be finite numbers, got \[1.0, nan\]"),
         ({"max_completion_length": 0}, "max_completion_length must be an integer >= 1 .*got 0"),
         ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\] .*got -1"),
+        ({"data_seed": 2**32}, r"data_seed must be an integer in \[0, 2\*\*32 - 1\] .*got 4294967296"),
         ({"noise_seed": -3}, "noise_seed must be an integer >= 0 .*got -3"),
     ],
 )

@@ -47,6 +47,17 @@ def test_an_update_that_would_overflow_float32_is_refused_naming_the_learning_ra
     assert _unchanged(master, 3e38)
 
 
+def test_an_overflow_found_partway_leaves_every_tensor_finite_and_names_the_one_that_overflowed():
+    # The documented exception: tensors are stepped one at a time (the update of a whole model is not held at once),
+    # so those before the overflowing one have taken their finite step; training stops and names the checkpoint.
+    master = MasterWeights({"a.weight": torch.full((3, 2), 1.0), "b.bias": torch.full((2,), 3e38)}, sigma=0.1)
+    with pytest.raises(NonFiniteError, match="update of 'b.bias' would make it non-finite"):
+        master.apply_update({1: 1.0}, lr=1e38)
+    assert torch.equal(master.tensors["b.bias"], torch.full((2,), 3e38))
+    assert not torch.equal(master.tensors["a.weight"], torch.full((3, 2), 1.0))
+    assert all(torch.isfinite(tensor).all() for tensor in master.tensors.values())
+
+
 def test_a_low_rank_update_is_guarded_too():
     master = LowRankMasterWeights({"a.weight": torch.full((3, 2), 3e38)}, 0.1, {"a.weight"}, rank=1)
     with pytest.raises(NonFiniteError, match="'a.weight'"):
@@ -65,8 +76,9 @@ def test_fitness_that_overflows_names_the_reward_weights():
         check_fitness(torch.tensor([1.0, float("inf")]), [1e38])
 
 
+@pytest.mark.parametrize("shaping", ["none", "zscore"])  # z-score (the default) would turn it into NaN fitness
 def test_an_infinite_reward_stops_training_naming_step_function_sample_and_last_good_checkpoint(
-    tiny_model_path, prompts, make_config
+    tiny_model_path, prompts, make_config, shaping
 ):
     def sometimes_infinite(completions, trainer_state, **kwargs):
         rewards = digit_fraction(completions)
@@ -74,7 +86,7 @@ def test_an_infinite_reward_stops_training_naming_step_function_sample_and_last_
             rewards[1] = float("inf")
         return rewards
 
-    config = make_config(**MOVING, fitness_shaping="none", max_steps=3, save_strategy="steps", save_steps=1)
+    config = make_config(**MOVING, fitness_shaping=shaping, max_steps=3, save_strategy="steps", save_steps=1)
     trainer = ESTrainer(model=tiny_model_path, reward_funcs=sometimes_infinite, args=config, train_dataset=prompts)
     with pytest.raises(NonFiniteError) as stopped:
         trainer.train()
@@ -111,3 +123,17 @@ def test_steps_without_an_update_direction_are_counted_and_warned_about(tiny_mod
     assert logged == [1.0, 2.0]
     warned = [r.message for r in caplog.records if "had no update direction" in r.message]
     assert len(warned) == 1 and "The last 2 ES steps" in warned[0] and "all members scored 1" in warned[0]
+
+
+def test_a_step_with_a_direction_ends_the_run_of_steps_without_one(tiny_model_path, prompts, make_config, caplog):
+    def flat_but_in_step_two(completions, trainer_state, **kwargs):
+        return digit_fraction(completions) if trainer_state.global_step == 1 else [1.0] * len(completions)
+
+    config = make_config(**MOVING, max_steps=3)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=flat_but_in_step_two, args=config, train_dataset=prompts)
+    trainer.warn_after_degenerate_steps = 2
+    with caplog.at_level(logging.WARNING, logger="trl_es"):
+        trainer.train()
+    logged = [entry["es/degenerate_steps"] for entry in trainer.state.log_history if "es/degenerate_steps" in entry]
+    assert logged == [1.0, 1.0, 2.0]  # two flat steps in all, never two in a row
+    assert not [r for r in caplog.records if "had no update direction" in r.message]

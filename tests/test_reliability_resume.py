@@ -75,6 +75,28 @@ def test_resume_true_skips_damaged_checkpoints_naming_each(run_copy):
     DAMAGES["trainer_state.json"](run_copy / "checkpoint-2")
     with pytest.warns(UserWarning, match=r"Skipping .*checkpoint-2.*trainer_state.json does not parse"):
         assert last_complete_checkpoint(run_copy) == str(run_copy / "checkpoint-1")
+    DAMAGES["master.safetensors"](run_copy / "checkpoint-1")
+    with pytest.warns(UserWarning) as skipped:
+        assert last_complete_checkpoint(run_copy) is None
+    assert [str(warning.message).split(",")[0] for warning in skipped] == [
+        f"Skipping {run_copy / 'checkpoint-2'}",
+        f"Skipping {run_copy / 'checkpoint-1'}",
+    ]
+    assert "trainer_state.json" in str(skipped[0].message) and "master.safetensors" in str(skipped[1].message)
+
+
+def test_resume_true_with_every_checkpoint_damaged_lists_each_and_why(tiny_model_path, prompts, run_copy):
+    DAMAGES["holds a list"](run_copy / "checkpoint-2")
+    DAMAGES["scheduler.pt"](run_copy / "checkpoint-1")
+    trainer = ESTrainer(
+        model=tiny_model_path, reward_funcs=digit_fraction, args=fast_es_config(run_copy), train_dataset=prompts
+    )
+    with pytest.warns(UserWarning, match="Skipping"), pytest.raises(ValueError) as refused:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(refused.value)
+    assert "No complete checkpoint found" in message
+    assert "checkpoint-2: " in message and "holds a list" in message
+    assert "checkpoint-1: " in message and "scheduler.pt" in message
 
 
 @pytest.mark.parametrize("damage", ["es_state.json", "holds a list", "master.safetensors"])
@@ -92,13 +114,12 @@ def test_a_named_damaged_checkpoint_is_refused_with_the_reason(tiny_model_path, 
         trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-2"))
 
 
-def test_save_only_model_checkpoints_are_explained_when_none_can_be_resumed(tiny_model_path, prompts, run_copy):
-    # What save_only_model=True leaves: weights and Trainer state, no optimizer, scheduler, RNG or ES state.
-    for checkpoint in run_copy.glob("checkpoint-*"):
-        shutil.rmtree(checkpoint / "es_state")
-        for trainer_file in [*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth")]:
-            trainer_file.unlink()
-    config = fast_es_config(run_copy, save_only_model=True)
+def test_save_only_model_checkpoints_are_explained_when_none_can_be_resumed(tiny_model_path, prompts, finished_run,
+                                                                          tmp_path):  # fmt: skip
+    config = fast_es_config(tmp_path / "run", **finished_run[1], save_only_model=True)
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "es_state").exists()
     trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     with (
         pytest.warns(UserWarning, match="Skipping"),

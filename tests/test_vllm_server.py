@@ -23,7 +23,7 @@ from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 import trl_es  # noqa: E402
 from trl_es import ESTrainer  # noqa: E402
-from trl_es.backends.control_channel import CONTROL_PATH, write_new_secret  # noqa: E402
+from trl_es.backends.control_channel import CHECKPOINT_DIR_ENV, CONTROL_PATH, write_new_secret  # noqa: E402
 from trl_es.backends.vllm_server import (  # noqa: E402
     VLLMServerBackend,
     VLLMServerError,
@@ -244,19 +244,19 @@ def test_weights_rewritten_during_a_members_generation_are_caught(tmp_path, tiny
     assert master_digest(trainer.population.master.tensors) == master_digest(trainer._reference)
 
 
-def test_weights_changed_inside_the_engine_without_a_control_call_are_caught(tiny_model_path):
-    """The worker extension's own check, on a stand-in for vLLM's worker holding the tiny model: no control call can
-    change weights unseen (the test above), and neither can anything inside the engine."""
+def standin_worker(model_path: str):
+    """The worker extension on a stand-in for vLLM's worker holding the model (vLLM models load Hugging Face names
+    through `load_weights`), and the names of its parameters as `es_init` takes them."""
     from types import SimpleNamespace
 
     from transformers import AutoModelForCausalLM
 
     from trl_es.backends.vllm_worker import ESWorkerExtension
 
-    class Engine(torch.nn.Module):  # vLLM models load Hugging Face names through `load_weights`
+    class Engine(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.hf = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+            self.hf = AutoModelForCausalLM.from_pretrained(model_path)
 
         def load_weights(self, weights):
             parameters = dict(self.hf.named_parameters())
@@ -265,8 +265,16 @@ def test_weights_changed_inside_the_engine_without_a_control_call_are_caught(tin
 
     worker = ESWorkerExtension()
     worker.model_runner = SimpleNamespace(model=Engine())
-    worker.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model=tiny_model_path))
-    names = json.dumps([name for name, _ in worker.model_runner.model.hf.named_parameters()])
+    worker.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model=model_path))
+    return worker, json.dumps([name for name, _ in worker.model_runner.model.hf.named_parameters()])
+
+
+def test_weights_changed_inside_the_engine_without_a_control_call_are_caught(tiny_model_path):
+    """The worker extension's own check: no control call can change weights unseen (the test above), and neither can
+    anything inside the engine."""
+    from transformers import AutoModelForCausalLM
+
+    worker, names = standin_worker(tiny_model_path)
     load = worker.es_init("run", names, "float32", "0.05")["result"]["load"]
     load = worker.es_load_member("run", load, "7", "1")["result"]
     assert worker.es_verify("run", load) == {"result": None}
@@ -285,6 +293,19 @@ def test_resume_reads_checkpoints_only_under_the_servers_checkpoint_dir(tmp_path
     for outside in (str(tmp_path), str(escape), "/etc", "some-org/some-model"):
         with pytest.raises(VLLMServerError, match=rf"resumes from .*{Path(outside).name}.*--checkpoint_dir"):
             backend.start_run("float32", checkpoint=outside)
+
+
+def test_the_worker_resumes_from_no_hub_id_and_opens_no_connection(tiny_model_path, checkpoint_root, monkeypatch):
+    """What reaches the server as `resume_from` is refused unless it is a folder under --checkpoint_dir: a Hub id
+    (which `from_pretrained` would download) is refused before any file or socket is opened."""
+    worker, names = standin_worker(tiny_model_path)
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(checkpoint_root))
+    connections = []
+    monkeypatch.setattr(socket.socket, "connect", lambda sock, address: connections.append(address))
+    for hub_id in ("some-org/some-model", "gpt2"):
+        refusal = worker.es_init("run", names, "float32", "0.05", hub_id)
+        assert refusal["error"] == "checkpoint_refused" and "never downloads" in refusal["message"], refusal
+    assert connections == []
 
 
 @pytest.mark.slow
