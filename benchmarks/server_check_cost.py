@@ -5,7 +5,7 @@ generation (one extra round trip). This script times, per member, the load (`es_
 its verification (`generate_center`), and `es_verify` alone, and prints the check's share:
 `2 * verify / (load + generate)`, an upper bound (a verify call includes its round trip).
 
-    .venv/bin/python tests/scripts/server_check_cost.py --hidden_size 512 --layers 8 --rows 8 --tokens 32
+    .venv/bin/python benchmarks/server_check_cost.py --hidden_size 512 --layers 8 --rows 8 --tokens 32
 """
 
 import argparse
