@@ -41,35 +41,24 @@ class WaitForPush(TrainerCallback):
             self.trainer.push_in_progress.wait_until_done()
 
 
+def train_and_push_es(model: str, output_dir: str, **hub_settings) -> None:
+    """An ESTrainer run that pushes at every save (waiting for each push), then `push_to_hub` at the end."""
+    args = fast_es_config(output_dir, push_to_hub=True, save_strategy="steps", save_steps=1, **hub_settings)
+    trainer = ESTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
+    trainer.add_callback(WaitForPush(trainer))
+    trainer.train()
+    trainer.push_to_hub(dataset_name=DATASET)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("work_dir")
     cli = parser.parse_args()
 
-    args = fast_es_config(
-        f"{cli.work_dir}/es-tiny",
-        push_to_hub=True,
-        hub_strategy="checkpoint",
-        save_strategy="steps",
-        save_steps=1,
-    )
-    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
-    trainer.add_callback(WaitForPush(trainer))
-    trainer.train()
-    trainer.push_to_hub(dataset_name=DATASET)
-    # Another run, pushing every checkpoint to the branch `hub_revision` of a new repo: the trainer creates both.
-    args = fast_es_config(
-        f"{cli.work_dir}/es-tiny-branch",
-        push_to_hub=True,
-        hub_revision="es-branch",
-        save_strategy="steps",
-        save_steps=1,
-    )
-    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
-    trainer.add_callback(WaitForPush(trainer))
-    trainer.train()
-    trainer.push_to_hub(dataset_name=DATASET)
+    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny", hub_strategy="checkpoint")
+    # Every checkpoint to the branch `hub_revision` of a new repo: the trainer creates both.
+    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny-branch", hub_revision="es-branch")
 
     sequence = SequentialTrainer(
         model=cli.model,
