@@ -121,3 +121,19 @@ def test_from_grpo_config_keeps_sampling_for_a_grpo_group(tmp_path):
     grpo = GRPOConfig(str(tmp_path), per_device_train_batch_size=4, num_generations=4, bf16=False)
     config = ESConfig.from_grpo_config(grpo)
     assert config.num_generations == 4 and config.temperature == grpo.temperature == 1.0
+
+
+def test_the_pickled_config_leaves_the_hub_token_out_and_copies_keep_it(tmp_path):
+    import copy
+    import io
+
+    import torch
+
+    config = ESConfig(str(tmp_path), hub_token="hf_not_for_the_hub")
+    pickled = io.BytesIO()
+    torch.save(config, pickled)  # what transformers writes to training_args.bin, and pushes
+    assert b"hf_not_for_the_hub" not in pickled.getvalue()
+    pickled.seek(0)
+    loaded = torch.load(pickled, weights_only=False)
+    assert loaded.hub_token is None and loaded.population_size == config.population_size
+    assert copy.copy(config).hub_token == copy.deepcopy(config).hub_token == "hf_not_for_the_hub"

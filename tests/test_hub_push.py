@@ -107,6 +107,7 @@ def test_a_sequential_push_is_one_commit_of_the_final_model_and_its_card(pushed)
     files = hub.files(sequential)
     final = work_dir / "es-then-grpo-tiny" / "stage-1-grpo" / "final"
     assert MODEL_FILES <= set(files) and not any(path.startswith("stage-") for path in files)
+    assert "training_args.bin" not in files  # a stage's pickled config: local paths, a GRPO stage's hub_token
     assert files["model.safetensors"] == (final / "model.safetensors").read_bytes()
     card = ModelCard(files["README.md"].decode())
     assert card.data.datasets == "trl-lib/digits" and {"es", "grpo"} <= set(card.data.tags)
@@ -151,8 +152,8 @@ def test_no_pushed_file_holds_the_token_or_a_local_path(pushed, tiny_model_path)
     for commit in hub.commits:
         for path, content in commit.added.items():
             assert token not in content, (commit.repo_id, path)
-            # training_args.bin is transformers' pickle of the whole config, output_dir included, as every Trainer
-            # pushes it.
+            # training_args.bin is transformers' pickle of the whole ESConfig, output_dir included, as every Trainer
+            # pushes it (without the hub_token the run was given).
             if Path(path).name != "training_args.bin":
                 assert not [folder for folder in local if folder in content], (commit.repo_id, path)
     writes = [auth for method, _, auth in hub.requests if method == "POST"]

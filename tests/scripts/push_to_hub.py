@@ -56,7 +56,9 @@ def main():
     parser.add_argument("work_dir")
     cli = parser.parse_args()
 
-    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny", hub_strategy="checkpoint")
+    # The token given as `hub_token`, as `--hub_token` would: it must not travel in the pushed training_args.bin.
+    token = os.environ["HF_TOKEN"]
+    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny", hub_strategy="checkpoint", hub_token=token)
     # Every checkpoint to the branch `hub_revision` of a new repo: the trainer creates both.
     train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny-branch", hub_revision="es-branch")
 
@@ -64,7 +66,7 @@ def main():
         model=cli.model,
         stages=[
             fast_es_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2),
-            fast_grpo_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2),
+            fast_grpo_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2, hub_token=token),
         ],
         output_dir=f"{cli.work_dir}/es-then-grpo-tiny",
         reward_funcs=digit_fraction,

@@ -217,6 +217,8 @@ class SequentialTrainer:
             if path.is_file()
             and not any(part.startswith(".") for part in path.relative_to(folder).parts)
             and not (prefix and path.name == "README.md")  # the card is the repository's, at its root
+            # A stage's pickled config: its local paths, and a GRPO stage's hub_token; the card lists the settings.
+            and path.name != "training_args.bin"
         ]
         methods = " → ".join(stage.method.upper() for stage in self.stages)
         pushed = "final model and every stage's" if include_stages else "final model"

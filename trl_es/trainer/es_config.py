@@ -342,6 +342,24 @@ class ESConfig(GRPOConfig):
         },
     )
 
+    # transformers pickles the whole config into `training_args.bin` at every save, and pushes it with the model:
+    # the pickle leaves the Hub token out. Copies keep it (`copy.copy` would otherwise go through the pickle state).
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "hub_token": None}
+
+    def __copy__(self) -> ESConfig:
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict) -> ESConfig:
+        import copy
+
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
+
     def __post_init__(self):
         self._check_es_fields()
         self._warn_about_grpo_only_fields()
