@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import warnings
@@ -353,8 +354,6 @@ class ESConfig(GRPOConfig):
         return copied
 
     def __deepcopy__(self, memo: dict) -> ESConfig:
-        import copy
-
         copied = object.__new__(type(self))
         memo[id(self)] = copied
         copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
