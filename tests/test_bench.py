@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.options import parse_args
+from benchmarks.sections.overhead import parse_setting
+from benchmarks.trainers import even_token_fraction
+
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
-sys.path.insert(0, str(BENCH.parent))
-import bench  # noqa: E402
 
 TINY = ["--preset", "tiny", "--populations", "2", "--batch_sizes", "2", "--model_sizes", "tiny", "--scale_model",
         "tiny", "--sections", "memory", "speed", "lowrank", "processes", "scale"]  # fmt: skip
@@ -35,18 +37,32 @@ def test_bench_prints_every_ratio_on_its_last_line():
     assert [row["population_size"] for row in result["scale"]["population_size"]] == [2]
 
 
+@pytest.mark.slow
+def test_output_writes_the_result_line_with_the_date_and_command_to_a_file(tmp_path):
+    output = tmp_path / "results" / "bench.json"
+    flags = ["--preset", "tiny", "--sections", "scale", "--populations", "2", "--batch_sizes", "2", "--model_sizes",
+             "tiny", "--scale_model", "tiny", "--output", str(output)]  # fmt: skip
+    run = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    written = json.loads(output.read_text())
+    assert {key: value for key, value in written.items() if key not in ("date", "command")} == result
+    assert written["date"].startswith("20") and written["command"].endswith(f"--output {output}")
+    assert written["settings"]["sections"] == ["scale"] and "cpus_available" in written["machine"]
+
+
 def test_presets_set_defaults_that_explicit_flags_override():
-    assert bench.parse_args([]).batch_size * bench.parse_args([]).max_completion_length >= 1000  # the users' regime
-    assert bench.parse_args(["--preset", "gpu"]).memory_model == "0.5B"
-    assert bench.parse_args(["--preset", "gpu", "--batch_size", "4"]).batch_size == 4
-    assert bench.parse_args(["--full"]).preset == "full"
+    assert parse_args([]).batch_size * parse_args([]).max_completion_length >= 1000  # the users' regime
+    assert parse_args(["--preset", "gpu"]).memory_model == "0.5B"
+    assert parse_args(["--preset", "gpu", "--batch_size", "4"]).batch_size == 4
+    assert parse_args(["--full"]).preset == "full"
 
 
 def test_a_setting_is_population_by_batch_by_tokens():
-    assert bench.parse_setting("8x64x16") == (8, 64, 16)
+    assert parse_setting("8x64x16") == (8, 64, 16)
     with pytest.raises(SystemExit, match="NxBxT"):
-        bench.parse_setting("64x16")
+        parse_setting("64x16")
 
 
 def test_the_token_reward_scores_any_vocabulary():
-    assert bench.even_token_fraction([[2, 3, 151000, 7], []]) == [0.5, 0.0]
+    assert even_token_fraction([[2, 3, 151000, 7], []]) == [0.5, 0.0]
