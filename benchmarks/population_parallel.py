@@ -10,14 +10,20 @@ processes each evaluates population_size / P members. The last line is `RESULT <
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-CONFIGS = Path(__file__).parents[1] / "examples" / "accelerate_configs"
-PHASES = ("perturb", "generate", "reward", "update")
+# Run as a script (also by `accelerate launch`), Python puts benchmarks/ on sys.path; `benchmarks` needs the root.
+REPOSITORY = Path(__file__).resolve().parents[1]
+if str(REPOSITORY) not in sys.path:
+    sys.path.insert(0, str(REPOSITORY))
+
+from benchmarks.harness import median, print_result  # noqa: E402
+from benchmarks.trainers import ES_PHASES  # noqa: E402
+
+CONFIGS = REPOSITORY / "examples" / "accelerate_configs"
 
 
 def parse_args(argv=None):
@@ -70,7 +76,7 @@ def worker(cli):
     trainer.train()
     if trainer.accelerator.is_main_process:
         history = trainer.state.log_history[1:]  # skip the warm-up step
-        phases = {phase: [h[f"es/time/{phase}"] for h in history if f"es/time/{phase}" in h] for phase in PHASES}
+        phases = {phase: [h[f"es/time/{phase}"] for h in history if f"es/time/{phase}" in h] for phase in ES_PHASES}
         step_times = [h["step_time"] for h in history if "step_time" in h]
         timing = {"processes": processes, "torch_threads": torch.get_num_threads(), "step_times": step_times, **phases}
         Path(cli.worker_output).write_text(json.dumps(timing))
@@ -104,8 +110,8 @@ def main():
         ]
         subprocess.run(command, check=True, env=environment, capture_output=True)
         timing = json.loads(output.read_text())
-        seconds = statistics.median(timing["step_times"])
-        phases = {phase: statistics.median(timing[phase]) for phase in PHASES}
+        seconds = median(timing["step_times"])
+        phases = {phase: median(timing[phase]) for phase in ES_PHASES}
         phases["other"] = seconds - sum(phases.values())  # gathers, tokenising, logging, the agreement check
         rows.append({"processes": processes, "shard_update": shard_update, "torch_threads": timing["torch_threads"],
                      "seconds_per_step": seconds, "steps_per_second": 1 / seconds, "phases": phases})  # fmt: skip
@@ -113,14 +119,14 @@ def main():
     print(f"N={cli.population_size}, B={cli.batch_size}, {cli.max_completion_length} new tokens, model {cli.model}")
     print("phases: the main process's seconds per step (medians); `other` is the rest of the step")
     print(f"{'processes':>10s}{'sharded':>8s}{'threads':>8s}{'s/step':>9s}{'steps/s':>9s}{'speedup':>9s}"
-          + "".join(f"{phase:>10s}" for phase in [*PHASES, "other"]))  # fmt: skip
+          + "".join(f"{phase:>10s}" for phase in [*ES_PHASES, "other"]))  # fmt: skip
     for row in rows:
         row["speedup"] = row["steps_per_second"] / base
         sharded = "-" if row["processes"] == 1 else "yes" if row["shard_update"] else "no"
         print(f"{row['processes']:>10d}{sharded:>8s}{row['torch_threads']:>8d}{row['seconds_per_step']:>9.3f}"
               f"{row['steps_per_second']:>9.3f}{row['speedup']:>9.2f}"
-              + "".join(f"{row['phases'][phase]:>10.3f}" for phase in [*PHASES, "other"]))  # fmt: skip
-    print("RESULT " + json.dumps({"benchmark": "population_parallel", "runs": rows}))
+              + "".join(f"{row['phases'][phase]:>10.3f}" for phase in [*ES_PHASES, "other"]))  # fmt: skip
+    print_result({"benchmark": "population_parallel", "runs": rows})
 
 
 if __name__ == "__main__":

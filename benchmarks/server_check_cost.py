@@ -17,15 +17,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import median
 
 import requests
 
-from trl_es.backends.sampling import SamplingSettings
-from trl_es.backends.vllm_server import VLLMServerBackend
-from trl_es.core.master import MasterWeights
-from trl_es.core.noise import Member
-from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer
+# Run as a script, Python puts benchmarks/ on sys.path; the `benchmarks` package needs the repository root.
+REPOSITORY = str(Path(__file__).resolve().parents[1])
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)
+
+from benchmarks.harness import median, timed  # noqa: E402
+from trl_es.backends.sampling import SamplingSettings  # noqa: E402
+from trl_es.backends.vllm_server import VLLMServerBackend  # noqa: E402
+from trl_es.core.master import MasterWeights  # noqa: E402
+from trl_es.core.noise import Member  # noqa: E402
+from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer  # noqa: E402
 
 
 def start_server(model: Path, secret_file: Path, log: Path) -> tuple[subprocess.Popen, int]:
@@ -46,12 +51,6 @@ def start_server(model: Path, secret_file: Path, log: Path) -> tuple[subprocess.
         except requests.ConnectionError:
             time.sleep(1)
     sys.exit(f"the server did not start; see {log}")
-
-
-def timed(function, *args) -> float:
-    start = time.perf_counter()
-    function(*args)
-    return time.perf_counter() - start
 
 
 def main():

@@ -10,13 +10,19 @@ is `RESULT <json>`.
 """
 
 import argparse
-import json
 import os
-import statistics
+import sys
 import tempfile
-import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Run as a script, Python puts benchmarks/ on sys.path; the `benchmarks` package needs the repository root.
+REPOSITORY = str(Path(__file__).resolve().parents[1])
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)
+
+from benchmarks.harness import interleaved, medians, print_result, timed  # noqa: E402
+from benchmarks.trainers import es_own_work_seconds, es_phases, es_step_seconds  # noqa: E402
 
 
 def parse_args():
@@ -37,7 +43,6 @@ def main():
     from trl_es import ESConfig, ESTrainer
     from trl_es.core.noise import sampling_seed
     from trl_es.testing import PEAKED_INITIALIZER_RANGE, digit_fraction, digit_prompts, save_tiny_model
-    from trl_es.trl_compat import logged_metrics
 
     workdir = tempfile.mkdtemp(prefix="trl-es-bench-")
     model = cli.model or str(save_tiny_model(f"{workdir}/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
@@ -65,31 +70,23 @@ def main():
 
     # Interleave ES steps and the baseline so that both see the same machine load.
     backend = trainer.population.backend
-    batch = [{"prompt": prompt} for prompt in dataset["prompt"][: cli.batch_size]]
-    prompt_ids = [trainer.processing_class(row["prompt"])["input_ids"] for row in batch]
+    prompts = dataset["prompt"][: cli.batch_size]
+    prompt_ids = [trainer.processing_class(prompt)["input_ids"] for prompt in prompts]
     seed = sampling_seed(args.seed, trainer.state.global_step)
-    es_steps, generations = [], []
-    for _ in range(cli.steps):
-        start = time.perf_counter()
-        trainer._es_step(batch)
-        es_steps.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        for _member in range(cli.population_size):  # the same N calls of B rows and seeds, weights fixed
-            backend.generate_center(prompt_ids, trainer.sampling, seed)
-        generations.append(time.perf_counter() - start)
-    es_step, generation = statistics.median(es_steps), statistics.median(generations)
-    recorded = logged_metrics(trainer, "train")  # the measured steps' phase timings (not yet flushed to a log)
-    phases = {
-        phase: statistics.median(recorded[f"es/time/{phase}"][-cli.steps :])
-        for phase in ("perturb", "generate", "reward", "update")
-    }
 
+    def generate_population():  # the same N calls of B rows and seeds as a step, weights fixed
+        for _member in range(cli.population_size):
+            backend.generate_center(prompt_ids, trainer.sampling, seed)
+
+    times = interleaved(
+        cli.steps,
+        {"es_step": lambda: es_step_seconds(trainer, prompts), "generation": lambda: timed(generate_population)},
+    )
+    median_seconds = medians(times)
+    es_step, generation = median_seconds["es_step"], median_seconds["generation"]
+    phases = es_phases(trainer, cli.steps)  # the measured steps' phase timings (not yet flushed to a log)
     ratio = es_step / generation
-    # ES's own work: the step minus its generation phase. On a loaded machine the generation calls of both sides vary
-    # by more than this, so the direct ratio above is noisy; this one is not (it assumes the ES step generates as fast
-    # as the baseline, which the direct ratio checks).
-    generated = recorded["es/time/generate"][-cli.steps :]
-    own_work = statistics.median(step - phase for step, phase in zip(es_steps, generated, strict=True))
+    own_work = es_own_work_seconds(trainer, times["es_step"])
     completions = cli.population_size * cli.batch_size
     print(f"model {model}, N={cli.population_size}, B={cli.batch_size}, {cli.max_completion_length} new tokens")
     print(f"{'':40s}{'seconds':>10s}")
@@ -114,7 +111,7 @@ def main():
         "es_own_work_seconds": own_work,
         "overhead_ratio_own_work": 1 + own_work / generation,
     }
-    print("RESULT " + json.dumps(result))
+    print_result(result)
 
 
 if __name__ == "__main__":
