@@ -151,11 +151,11 @@ def _section(kind: str, indent: int, block: list[str], path: str, has_default: s
             continue
         head, rest = header[:colon].strip(), refs(header[colon + 1 :].strip())
         if kind in ("Returns", "Yields", "Raises"):
-            out.append(f"{pad}{annotation(head)}: {rest}")
+            out.append(f"{pad}{annotation(head)}: {rest}".rstrip())
             out.extend(description)
             continue
         head, default = parameter_header(head, has_default)
-        lines = [f"{pad}{head}: {rest}", *description]
+        lines = [f"{pad}{head}: {rest}".rstrip(), *description]
         if default is not None:
             lines[-1] = f"{lines[-1].rstrip()} Defaults to {default}."
         out.extend(lines)
