@@ -6,7 +6,7 @@ from trl import GRPOTrainer
 
 from trl_es import ESTrainer
 from trl_es.demo.run import DEMO_MODEL
-from trl_es.evaluation.callbacks import CoverageEvalCallback
+from trl_es.trainer.callbacks import CoverageEvalCallback
 from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
 
 EXPECTED = {"eval_arithmetic_greedy_accuracy", "eval_arithmetic_pass@1", "eval_arithmetic_pass@2"}

@@ -151,7 +151,7 @@ def test_resuming_with_another_run_setting_names_it(tiny_model_path, prompts, ma
 
 
 def test_the_resume_check_compares_every_run_setting_and_only_low_rank_ones_for_low_rank_runs(make_config):
-    from trl_es.trainer.es_config import LOWRANK_RUN_SETTINGS, RUN_SETTINGS, changed_run_settings, run_settings
+    from trl_es.trainer.run_settings import LOWRANK_RUN_SETTINGS, RUN_SETTINGS, changed_run_settings, run_settings
 
     full = make_config()
     saved = run_settings(full)

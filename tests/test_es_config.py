@@ -5,7 +5,7 @@ import pytest
 from trl import GRPOConfig
 
 from trl_es import ESConfig
-from trl_es.trainer.es_config import GRPO_ONLY_FIELDS
+from trl_es.trainer.grpo_conversion import GRPO_ONLY_FIELDS
 
 
 def test_es_defaults_follow_the_anchor_paper(tmp_path):

@@ -3,9 +3,7 @@
 import pytest
 from scripts.fast_es import fast_es_config, fast_grpo_config
 
-from trl_es.trainer.es_config import RUN_SETTINGS
 from trl_es.trainer.model_card import (
-    ES_CARD_HYPERPARAMETERS,
     es_hyperparameters,
     es_papers,
     generate_es_model_card,
@@ -14,6 +12,7 @@ from trl_es.trainer.model_card import (
     stage_papers,
     stage_summary,
 )
+from trl_es.trainer.run_settings import RUN_SETTINGS, card_setting_names
 
 
 def accuracy_reward(completions, **kwargs):
@@ -83,7 +82,7 @@ def test_every_es_hyperparameter_has_a_row_with_its_value_and_meaning(config):
     rows = table_rows(es_card(config))
     for name in ("population_size", "sigma", "antithetic", "fitness_shaping", "perturbation", "learning_rate"):
         assert name in rows, name
-    shown = [name for name in ES_CARD_HYPERPARAMETERS if getattr(config, name) not in (None, {})] + ["max_steps"]
+    shown = [name for name in card_setting_names(config) if getattr(config, name) not in (None, {})] + ["max_steps"]
     assert set(shown) == set(rows)
     for name in shown:
         value, meaning = rows[name]

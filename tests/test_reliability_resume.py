@@ -21,7 +21,7 @@ from trl_es.core.checkpoint import (
 )
 from trl_es.core.master import MasterWeights
 from trl_es.testing import digit_fraction
-from trl_es.trainer.es_config import changed_run_settings, run_settings
+from trl_es.trainer.run_settings import changed_run_settings, run_settings
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from trl_es import ESTrainer
-from trl_es.backends.vllm_colocate import release_vllm_engine
+from trl_es.trainer.vllm_engine import release_vllm_engine
 from trl_es.sequential.trainer import SequentialTrainer, Stage
 from trl_es.testing import digit_fraction, digit_prompts
 

@@ -12,11 +12,11 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test inst
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
-from trl_es.backends.vllm_colocate import release_vllm_engine  # noqa: E402
+from trl_es.trainer.vllm_engine import release_vllm_engine  # noqa: E402
 from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
 from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
-from trl_es.evaluation.trainer_coverage import sampler_for  # noqa: E402
+from trl_es.trainer.callbacks import sampler_for  # noqa: E402
 from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -82,7 +82,7 @@ def test_greedy_engine_log_probabilities_match_the_hugging_face_model(colocate_r
 
 
 def test_a_member_changes_the_engine_output_and_the_centre_comes_back_exactly(colocate_run):
-    # Fails if vLLM-CPU's Linear repacking swallowed the perturbation (the work-around in backends/vllm_cpu.py).
+    # Fails if vLLM-CPU's Linear repacking swallowed the perturbation (the work-around in compat/vllm_cpu.py).
     trainer, _ = colocate_run
     backend = trainer.population.backend
     prompts = probe_prompts(trainer)

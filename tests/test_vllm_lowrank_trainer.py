@@ -8,7 +8,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vl
 from scripts.fast_es import fast_es_config  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
-from trl_es.backends.vllm_colocate import release_vllm_engine  # noqa: E402
+from trl_es.trainer.vllm_engine import release_vllm_engine  # noqa: E402
 from trl_es.backends.vllm_lora import VLLMLoRAPopulationBackend  # noqa: E402
 from trl_es.core.fitness import shape_fitness  # noqa: E402
 from trl_es.core.lowrank import lowrank_noise  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -17,7 +17,7 @@ _EXPORTS = {
     "ESTrainer": "trl_es.trainer.es_trainer",
     "SequentialTrainer": "trl_es.sequential.trainer",
     "Stage": "trl_es.sequential.trainer",
-    "CoverageEvalCallback": "trl_es.evaluation.callbacks",
+    "CoverageEvalCallback": "trl_es.trainer.callbacks",
     "EvolmConfig": "trl_es.evolm.trainer",
     "EvolmTrainer": "trl_es.evolm.trainer",
     "CoverageReport": "trl_es.evaluation.coverage",
@@ -47,7 +47,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .backends.base import PopulationBackend
-    from .evaluation.callbacks import CoverageEvalCallback
+    from .trainer.callbacks import CoverageEvalCallback
     from .evaluation.coverage import CoverageReport, coverage_report
     from .evaluation.metrics import js_diversity, maj_at_k, pass_at_k
     from .evolm.trainer import EvolmConfig, EvolmTrainer

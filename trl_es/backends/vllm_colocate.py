@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from contextlib import contextmanager
 
 import torch
 
+from ..compat.vllm import engine_model
 from ..core.consistency import layout_free_stats, stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
@@ -38,7 +38,7 @@ class VLLMColocateBackend(OneMemberAtATime):
         self.llm = llm
         self.master = master
         self.reference_model = reference_model
-        self.engine_model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+        self.engine_model = engine_model(llm)
         self.dtype = next(self.engine_model.parameters()).dtype
         self.weights_tag = uuid.uuid4().hex  # changes with every load: the prefix cache salt
 
@@ -77,45 +77,3 @@ class VLLMColocateBackend(OneMemberAtATime):
                 f"{engine}, trainer {expected}). Generation no longer uses the weights being trained; please report "
                 "this with your vLLM version and model."
             )
-
-
-def release_vllm_engine(trainer) -> None:
-    """Shut down the colocated vLLM engine of `trainer` (an ESTrainer or GRPOTrainer) now, so that another trainer can
-    start its own engine in this process. A trainer without one is left as it is.
-
-    vLLM tears an in-process engine down (executor, KV cache, the process groups it created, the heap it froze for the
-    garbage collector) only when the engine is collected. If anything still holds the trainer when the next engine
-    starts, the two engines share vLLM's process groups, and collecting the first one later destroys them under the
-    second ("pipeline model parallel group is not initialized"). Shutting down here runs that teardown once, now.
-    """
-    from accelerate.state import PartialState
-
-    generation = getattr(trainer, "vllm_generation", None)
-    llm = getattr(generation, "llm", None)
-    if llm is None:
-        return
-    keep_default_group = torch.distributed.is_initialized() and PartialState().backend is not None
-    with _default_process_group_kept(keep_default_group):
-        llm.llm_engine.engine_core.shutdown()  # vLLM's EngineCore.shutdown; it detaches the engine's own finalizer
-    generation.llm = None
-    release = getattr(trainer, "release_population", None)
-    if release is not None:
-        release()  # an ESTrainer's backend holds the engine's model
-
-
-@contextmanager
-def _default_process_group_kept(keep: bool):
-    """vLLM's teardown destroys torch.distributed's default process group even when Accelerate created it (several
-    processes, DeepSpeed) and still counts on it; with `keep`, only the groups vLLM made are destroyed."""
-    destroy = torch.distributed.destroy_process_group
-
-    def destroy_all_but_the_default(group=None):
-        if group is not None:
-            destroy(group)
-
-    if keep:
-        torch.distributed.destroy_process_group = destroy_all_but_the_default
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group = destroy

@@ -15,6 +15,7 @@ import json
 import os
 import uuid
 
+from ..compat.vllm import engine_client_of
 from .control_channel import (
     CONTROL_METHODS,
     CONTROL_PATH,
@@ -25,7 +26,6 @@ from .control_channel import (
     SecretError,
     read_secret,
 )
-from .vllm_compat import engine_client_of
 
 MAX_BODY_BYTES = 16 * 2**20  # an `es_init` names every evolving parameter; nothing legitimate comes near this
 

@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..compat.vllm import engine_lora_config
 from ..core.lowrank import LowRankMasterWeights, lowrank_factors
 from ..core.noise import Member
 from .base import PhaseTimer
@@ -123,11 +124,11 @@ class VLLMLoRAPopulationBackend(VLLMColocateBackend):
         self, llm, master: LowRankMasterWeights, adapter_dir: str | Path, reference_model: nn.Module | None = None
     ):
         check_lora_population(master)
-        lora_config = llm.llm_engine.vllm_config.lora_config
+        lora_config = engine_lora_config(llm)
         if lora_config is None:
             raise ValueError(
                 "The vLLM engine was created without LoRA. Create it with enable_lora=True, max_lora_rank >= "
-                f"{master.rank} and max_loras >= members per call (`trl_es.trl_compat.lora_enabled_llm` does so for "
+                f"{master.rank} and max_loras >= members per call (`trl_es.compat.trl.lora_enabled_llm` does so for "
                 "the engine TRL creates)."
             )
         if master.rank > lora_config.max_lora_rank:

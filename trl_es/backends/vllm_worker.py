@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .._version import __version__
+from ..compat.vllm import served_model_path, worker_model
+from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
 from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE
 from ..core.consistency import engine_fingerprint, layout_free_stats, master_digest
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .control_channel import CHECKPOINT_DIR_ENV
-from .vllm_compat import served_model_path, worker_model
-from .vllm_cpu import keep_plain_linear_weights_on_cpu
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.
 keep_plain_linear_weights_on_cpu()
@@ -156,8 +157,6 @@ class ESWorkerExtension:
 
     @control_call
     def es_version(self) -> str:
-        from .. import __version__
-
         return __version__
 
     @control_call

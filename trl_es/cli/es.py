@@ -196,7 +196,7 @@ def check_model(model_args) -> None:
 def main(script_args, training_args, model_args, dataset_args):
     from trl import get_peft_config, get_quantization_config
 
-    from trl_es import ESTrainer
+    from trl_es.trainer.es_trainer import ESTrainer
 
     check_model(model_args)
     reward_funcs = load_reward_funcs(script_args)
@@ -231,7 +231,7 @@ def main(script_args, training_args, model_args, dataset_args):
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
-    from trl_es import ESConfig
+    from trl_es.trainer.es_config import ESConfig
 
     return TrlParser((ESScriptArguments, ESConfig, ModelConfig, DatasetMixtureConfig), prog=prog)
 

@@ -116,8 +116,8 @@ def main(script_args, evolm_args, training_args, model_args, dataset_args):
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
-    from trl_es import ESConfig
     from trl_es.cli.es import ESScriptArguments
+    from trl_es.trainer.es_config import ESConfig
 
     return TrlParser((ESScriptArguments, EvolmArguments, ESConfig, ModelConfig, DatasetMixtureConfig), prog=prog)
 

@@ -81,9 +81,9 @@ def train_and_push(sequence, training_args, dataset_name: str | None = None) -> 
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
-    from trl_es import ESConfig
     from trl_es.cli.es import ESScriptArguments
     from trl_es.sequential.stage_configs import SequenceArguments
+    from trl_es.trainer.es_config import ESConfig
 
     dataclass_types = (ESScriptArguments, SequenceArguments, ESConfig, ModelConfig, DatasetMixtureConfig)
     return TrlParser(dataclass_types, prog=prog)

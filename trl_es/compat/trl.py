@@ -1,10 +1,12 @@
-"""Every use of TRL's private API, in one place.
+"""Every use of TRL's private API, and every patch of its behaviour, in one place.
 
 `GRPOTrainer` gives ES its public surface (constructor, reward functions, config, logging), but a few things it keeps
 private have no public equivalent: its reward calculation (reward models, async functions, `log_metric`,
-`log_extra`, the gather across processes), the buffers its `log` reads, and how it builds its colocated vLLM engine.
-ES reaches them only through the functions below; `tests/test_trl_compat.py` checks each private name separately,
-so a TRL release that changes one fails one named test (with the TRL version in its message), not a training run.
+`log_extra`, the gather across processes), the buffers its `log` reads, how it builds its colocated vLLM engine, and
+the tags it gives the model. And `GRPOConfig` / `GRPOTrainer.__init__` make choices that only GRPO's loss needs
+(a group of at least two completions, a reference model when `beta != 0`, an NCCL client for a vLLM server), which ES
+steps around here. `tests/compat/test_trl.py` checks each name separately, so a TRL release that changes one fails
+one named test (with the TRL version in its message), not a training run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from .vllm import shutdown_engine
 
 # The TRL privates used here, by function (kept in sync with tests/test_trl_compat.py).
 PRIVATE_NAMES = {
@@ -23,6 +27,11 @@ PRIVATE_NAMES = {
     "sync_engine_weights": ["GRPOTrainer._last_loaded_step"],
     "lora_enabled_llm": ["trl.generation.vllm_generation.LLM"],
     "tracker_urls": ["trl.trainer.utils.get_trackio_space_url"],
+    "TrainerTags": ["GRPOTrainer._tag_names"],
+    "one_completion_per_prompt_accepted": ["GRPOConfig.__post_init__ (its num_generations >= 2 check)"],
+    "grpo_init_sees_defaults": ["GRPOTrainer.__init__ (what it builds from the loss fields)"],
+    "vllm_server_hidden_from_grpo": ["GRPOTrainer.__init__ (its VLLMGeneration for use_vllm)"],
+    "release_colocated_engine": ["VLLMGeneration.llm"],
 }
 
 
@@ -104,3 +113,97 @@ def tracker_urls() -> dict[str, str | None]:
 
         wandb_url = wandb.run.url if wandb.run is not None else None
     return {"wandb_url": wandb_url, "trackio_url": get_trackio_space_url()}
+
+
+class TrainerTags:
+    """A mixin, placed before the TRL trainer in the bases, that sets the tags TRL gives the model
+    (`model.add_model_tags`, in `GRPOTrainer.__init__`) and its card from the public class attribute `model_tags`
+    (TRL reads them from `_tag_names`)."""
+
+    model_tags: tuple[str, ...] = ()
+
+    @property
+    def _tag_names(self) -> list[str]:
+        return list(self.model_tags)
+
+
+class _OneCompletionPerPrompt(int):
+    """Stands in for `num_generations=1` while GRPOConfig validates: it passes GRPO's group-size check and, like 1,
+    divides every batch size."""
+
+    def __new__(cls):
+        return super().__new__(cls, 2)
+
+    def __rmod__(self, other):
+        return 0
+
+
+@contextmanager
+def one_completion_per_prompt_accepted(config) -> Iterator[None]:
+    """Within this context, `GRPOConfig.__post_init__` accepts `config.num_generations == 1`.
+
+    GRPOConfig rejects fewer than two completions per prompt because GRPO's advantages need a group; ES scores members,
+    not completions, so one is valid. The value is restored on exit.
+    """
+    num_generations = config.num_generations
+    if num_generations == 1:
+        config.num_generations = _OneCompletionPerPrompt()
+    try:
+        yield
+    finally:
+        config.num_generations = num_generations
+
+
+@contextmanager
+def grpo_init_sees_defaults(config, defaults: dict[str, object]) -> Iterator[None]:
+    """Within this context, the fields of `config` named in `defaults` hold those values; the user's values are
+    restored on exit, so the config still reports them.
+
+    `GRPOTrainer.__init__` reads GRPO's loss fields to build what only GRPO's loss uses (with `beta != 0`, a reference
+    model: a second copy of the model; with a PEFT model, a "ref" adapter) and to warn about loss-type combinations.
+    A trainer that uses none of it builds its parent inside this context, with GRPOConfig's defaults (`beta=0`).
+    """
+    user_values = {name: getattr(config, name) for name in defaults}
+    for name, value in defaults.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in user_values.items():
+            setattr(config, name, value)
+
+
+@contextmanager
+def vllm_server_hidden_from_grpo(config) -> Iterator[None]:
+    """Within this context, a config with `use_vllm=True, vllm_mode="server"` shows `use_vllm=False`, so that
+    `GRPOTrainer.__init__` builds no `VLLMGeneration` (its NCCL weight-sync client would connect to the server; ES
+    talks to its own worker extension instead). Restored on exit."""
+    hidden = config.use_vllm and config.vllm_mode == "server"
+    if hidden:
+        config.use_vllm = False
+    try:
+        yield
+    finally:
+        if hidden:
+            config.use_vllm = True
+
+
+def release_colocated_engine(trainer) -> bool:
+    """Shut down the colocated vLLM engine that TRL's `VLLMGeneration` built for `trainer` (an ESTrainer or
+    GRPOTrainer) now, and detach it from the trainer; returns whether there was one.
+
+    vLLM tears an in-process engine down only when the engine is collected. If anything still holds the trainer when
+    the next engine starts, the two engines share vLLM's process groups, and collecting the first one later destroys
+    them under the second ("pipeline model parallel group is not initialized"). Shutting down here runs that teardown
+    once, now, keeping torch.distributed's default group when Accelerate created it.
+    """
+    from accelerate.state import PartialState
+
+    generation = getattr(trainer, "vllm_generation", None)
+    llm = getattr(generation, "llm", None)
+    if llm is None:
+        return False
+    keep_default_group = torch.distributed.is_initialized() and PartialState().backend is not None
+    shutdown_engine(llm, keep_default_process_group=keep_default_group)
+    generation.llm = None
+    return True

@@ -3,12 +3,21 @@
 vLLM-CPU repacks each unquantized Linear weight for oneDNN and replaces `layer.weight` with an empty tensor, so
 writing member weights in place silently does nothing and `load_weights` raises. Dispatching every Linear layer to
 `torch.nn.functional.linear` on its plain weight keeps the weights where ES writes them. It must be applied in the
-process that loads the model, before loading; it is applied only on the CPU platform.
+process that loads the model, before loading; it is applied only on the CPU platform. Tested in
+`tests/compat/test_vllm_cpu.py`.
 """
 
 from __future__ import annotations
 
 import torch
+
+# The vLLM privates used here, by function.
+PRIVATE_NAMES = {
+    "keep_plain_linear_weights_on_cpu": [
+        "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm (replaced)",
+        "layer.cpu_linear",
+    ],
+}
 
 _applied = False
 

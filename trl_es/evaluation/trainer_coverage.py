@@ -1,9 +1,9 @@
 """Coverage evaluation of a trainer's current model, shared by ESTrainer's own evaluation and CoverageEvalCallback.
 
-The model measured is what the trainer generates with: the centre of the population for ESTrainer (never a perturbed
-member), the policy for GRPOTrainer. Completions come from the trainer's vLLM engine when it has one, and from
-`model.generate` otherwise. The eval prompts are split across processes and the outcomes gathered, so every process
-returns the same report.
+The caller gives the sampler that holds the weights being trained (`ESTrainer.coverage_sampler()`: the centre of the
+population, never a perturbed member; `grpo_sampler(trainer)` for a GRPOTrainer's policy); the trainer gives its
+tokenizer, reward functions and processes. The eval prompts are split across processes and the outcomes gathered, so
+every process returns the same report.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 
-from ..trl_compat import sync_engine_weights
+from ..compat.trl import sync_engine_weights
 from .coverage import (
     CoverageReport,
     Judge,
@@ -33,13 +33,11 @@ from .coverage import (
 logger = logging.getLogger(__name__)
 
 
-def sampler_for(trainer) -> Sampler:
-    """The generation path of `trainer`, holding the weights it trains (see the module docstring). A trainer that
-    knows its own (`ESTrainer.coverage_sampler`) says so."""
-    if hasattr(trainer, "coverage_sampler"):
-        return trainer.coverage_sampler()
+def grpo_sampler(trainer) -> Sampler:
+    """The generation path of a `GRPOTrainer`, holding its policy: its colocated vLLM engine (brought up to date with
+    the policy first), else `model.generate`."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    if not getattr(trainer, "use_vllm", False):
+    if not trainer.use_vllm:
         return TransformersSampler(model, trainer.processing_class)
     if trainer.vllm_mode == "colocate":
         sync_engine_weights(trainer)
@@ -90,6 +88,7 @@ def reward_judge(trainer, dataset: Dataset, success_threshold: float) -> Judge:
 
 def measure_trainer(
     trainer,
+    sampler: Sampler,
     dataset: Dataset,
     ks: Sequence[int],
     extract_answer: Callable[[str], str | None] | None = None,
@@ -100,7 +99,8 @@ def measure_trainer(
     max_new_tokens: int | None = None,
     seed: int = 1234,
 ) -> CoverageReport:
-    """Coverage of `trainer`'s current model on `dataset` (a `prompt` column, plain text or conversational).
+    """Coverage of `trainer`'s current model, sampled by `sampler`, on `dataset` (a `prompt` column, plain text or
+    conversational).
 
     With `extract_answer`, a completion is correct when its extracted answer equals the `answer_column` entry, and
     Maj@k is measured; without, when its weighted reward is above `success_threshold`.
@@ -115,14 +115,14 @@ def measure_trainer(
     prompts = [maybe_apply_chat_template({"prompt": dataset[i]["prompt"]}, tokenizer)["prompt"] for i in indices]
     prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
     outcomes = measure_prompts(
-        sampler_for(trainer),
+        sampler,
         trainer.accelerator.unwrap_model(trainer.model),
         tokenizer,
         prompt_ids,
         lambda local, texts, ids: judge(indices[local], texts, ids),
         samples_per_prompt or max(ks),
         temperature,
-        max_new_tokens or getattr(trainer.args, "max_completion_length", 64),
+        max_new_tokens or trainer.args.max_completion_length,
         seed,
     )
     gathered = gather_object(list(zip(indices, outcomes, strict=True)))

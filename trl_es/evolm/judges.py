@@ -479,7 +479,7 @@ class HFJudge:
         self._waiting: list[tuple[tuple[str, str, str], asyncio.Future]] = []
 
     def __repr__(self) -> str:
-        name = getattr(getattr(self.model, "config", None), "_name_or_path", type(self.model).__name__)
+        name = getattr(getattr(self.model, "config", None), "name_or_path", type(self.model).__name__)
         return f"HFJudge({name!r}, mode={self.mode!r})"
 
     async def score(self, question: str, rubric: str, response: str) -> float | None:

@@ -347,7 +347,7 @@ def _load_model(path: str):
 
 def _check_judge_is_separate(judge, model: str) -> None:
     judge_model = getattr(judge, "model", None)
-    name = getattr(getattr(judge_model, "config", None), "_name_or_path", None)
+    name = getattr(getattr(judge_model, "config", None), "name_or_path", None)
     if name is not None and Path(str(name)).resolve() == Path(model).resolve():
         raise ValueError(
             f"The judge is the model being trained ({model}). EVOLM's judge is a separate frozen model: load another "

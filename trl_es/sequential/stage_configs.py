@@ -28,7 +28,8 @@ from typing import Any
 from transformers.hf_argparser import string_to_bool
 from trl import GRPOConfig
 
-from ..trainer.es_config import GRPO_ONLY_FIELDS, ESConfig, _field_default
+from ..trainer.es_config import ESConfig
+from ..trainer.grpo_conversion import GRPO_ONLY_FIELDS, field_default
 
 ORDERS = ("es-then-grpo", "grpo-then-es")
 
@@ -45,7 +46,7 @@ ES_ONLY_FIELDS = tuple(name for name in ES_FIELDS if name not in GRPO_FIELDS)
 # ESConfig's docstring): learning_rate, lr_scheduler_type, num_generations, temperature, bf16, disable_dropout,
 # gradient_checkpointing. The GRPO stage keeps GRPOConfig's defaults for them; set them in `grpo_overrides`.
 ES_REDEFINED_FIELDS = tuple(
-    name for name in GRPO_FIELDS if _field_default(ESConfig, name) != _field_default(GRPOConfig, name)
+    name for name in GRPO_FIELDS if field_default(ESConfig, name) != field_default(GRPOConfig, name)
 )
 
 # Derived from the batch settings by each config's __post_init__: derived again for each stage, never copied.
@@ -215,9 +216,9 @@ def _build(config_class: type, overrides_name: str, values: dict[str, Any]) -> E
 def _warn_about_es_only_values(chosen: dict[str, Any], grpo_overrides: dict[str, Any]) -> None:
     """Say which top-level values reach the ES stage only, because GRPO keeps its own defaults for them."""
     kept = [
-        f"{name}={chosen[name]!r} (GRPO keeps {_field_default(GRPOConfig, name)!r})"
+        f"{name}={chosen[name]!r} (GRPO keeps {field_default(GRPOConfig, name)!r})"
         for name in ES_REDEFINED_FIELDS
-        if name in chosen and name not in grpo_overrides and chosen[name] != _field_default(GRPOConfig, name)
+        if name in chosen and name not in grpo_overrides and chosen[name] != field_default(GRPOConfig, name)
     ]
     if kept:
         warnings.warn(

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.state import AcceleratorState, PartialState
+from accelerate.state import PartialState
 from datasets import Dataset, load_from_disk
 from trl import GRPOConfig, GRPOTrainer
 
-from ..backends.vllm_colocate import release_vllm_engine
+from ..compat.accelerate import reset_accelerator_state
 from ..core.checkpoint import last_complete_checkpoint
 from ..core.noise import derive_seed
 from ..trainer.es_config import ESConfig
@@ -32,6 +32,7 @@ from ..trainer.model_card import (
     stage_papers,
     stage_summary,
 )
+from ..trainer.vllm_engine import release_vllm_engine
 
 FINAL_DIR = "final"
 DATASET_DIR = "dataset"
@@ -252,7 +253,7 @@ class SequentialTrainer:
         trainer.accelerator.wait_for_everyone()
         trainer.accelerator.free_memory()  # drops the prepared model and optimizer, destroys a DeepSpeed engine
         release_vllm_engine(trainer)  # now, not whenever the trainer is collected: the next stage may start its own
-        AcceleratorState._reset_state()  # the next stage's Accelerator takes its own DeepSpeed plugin and precision
+        reset_accelerator_state()  # the next stage's Accelerator takes its own DeepSpeed plugin and precision
         del trainer
         gc.collect()
         if torch.cuda.is_available():

@@ -7,7 +7,15 @@ from collections.abc import Callable, Sequence
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 
-from .trainer_coverage import measure_trainer
+from ..evaluation.coverage import Sampler
+from ..evaluation.trainer_coverage import grpo_sampler, measure_trainer
+from .es_trainer import ESTrainer
+
+
+def sampler_for(trainer) -> Sampler:
+    """The generation path of `trainer`, holding the weights it trains: an ESTrainer's centre (its vLLM engine or
+    server when it has one), a GRPOTrainer's policy."""
+    return trainer.coverage_sampler() if isinstance(trainer, ESTrainer) else grpo_sampler(trainer)
 
 
 class CoverageEvalCallback(TrainerCallback):
@@ -80,7 +88,7 @@ class CoverageEvalCallback(TrainerCallback):
         self.ks = tuple(ks)
         self.samples_per_prompt = samples_per_prompt or max(self.ks)
         self.temperature = temperature
-        self.max_new_tokens = max_new_tokens or getattr(trainer.args, "max_completion_length", 64)
+        self.max_new_tokens = max_new_tokens or trainer.args.max_completion_length
         self.eval_steps = eval_steps or trainer.args.eval_steps or trainer.args.logging_steps
         self.answer_column = answer_column
         self._last_step = -1
@@ -101,6 +109,7 @@ class CoverageEvalCallback(TrainerCallback):
         for name, dataset in self.eval_datasets.items():
             report = measure_trainer(
                 self.trainer,
+                sampler_for(self.trainer),
                 dataset,
                 self.ks,
                 self.extract_answer,

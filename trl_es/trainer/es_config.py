@@ -3,113 +3,16 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..compat.trl import one_completion_per_prompt_accepted
 from ..core.fitness import FITNESS_SHAPINGS
-from ..core.guards import FLOAT32_MAX, is_float32_finite
 from ..core.lowrank import OTHER_PARAMETERS
-
-PERTURBATIONS = ("full", "lowrank")
-
-# Fields of GRPOConfig that only shape GRPO's policy-gradient loss. ES has no such loss, so setting one is a no-op
-# that deserves a warning rather than silence.
-GRPO_ONLY_FIELDS = (
-    "beta",
-    "num_iterations",
-    "epsilon",
-    "delta",
-    "epsilon_high",
-    "sapo_temperature_neg",
-    "sapo_temperature_pos",
-    "vespo_k_pos",
-    "vespo_lambda_pos",
-    "vespo_k_neg",
-    "vespo_lambda_neg",
-    "importance_sampling_level",
-    "scale_rewards",
-    "loss_type",
-    "mask_truncated_completions",
-    "sync_ref_model",
-    "ref_model_mixup_alpha",
-    "ref_model_sync_steps",
-    "top_entropy_quantile",
-    "entropy_coef",
-    "use_adaptive_entropy",
-    "entropy_coef_min",
-    "entropy_coef_max",
-    "entropy_coef_delta",
-    "entropy_target",
-    "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_max",
-    "vllm_importance_sampling_clip_min",
-    "off_policy_mask_threshold",
-    "use_bias_correction_kl",
-    "multi_objective_aggregation",
-)
-
-# Fields that GRPOConfig.__post_init__ fills in from others: their values are GRPO's choice, not the user's.
-_DERIVED_FIELDS = ("generation_batch_size", "activation_checkpointing", "gradient_checkpointing")
-
-# What GRPOTrainer.__init__ is shown for the GRPO-only fields under ESTrainer: GRPOConfig's defaults (beta=0: no
-# reference model), except that there is no policy gradient for vLLM's importance sampling to correct.
-_NEUTRAL_VALUES = {"vllm_importance_sampling_correction": False}
-
-
-def _field_default(config_class: type, name: str):
-    spec = config_class.__dataclass_fields__[name]
-    if spec.default_factory is not dataclasses.MISSING:
-        return spec.default_factory()
-    return spec.default
-
-
-def grpo_loss_settings(config: GRPOConfig) -> list[str]:
-    """The GRPO-only fields of `config` set to another value than GRPOConfig's default, as `"name=value"`."""
-    return [
-        f"{name}={getattr(config, name)!r}"
-        for name in GRPO_ONLY_FIELDS
-        if getattr(config, name) != _field_default(GRPOConfig, name)
-    ]
-
-
-@contextmanager
-def grpo_loss_defaults(config: GRPOConfig) -> Iterator[None]:
-    """Within this context, `config`'s GRPO-only fields hold neutral values (GRPOConfig's defaults, `beta=0`); the
-    user's values are restored on exit, so the config still reports them.
-
-    `GRPOTrainer.__init__` reads these fields to build what only GRPO's loss uses (with `beta != 0`, a reference model:
-    a second copy of the model; with a PEFT model, a "ref" adapter) and to warn about loss-type combinations. ES uses
-    none of it, so `ESTrainer` builds its parent inside this context.
-    """
-    user_values = {name: getattr(config, name) for name in GRPO_ONLY_FIELDS}
-    for name in GRPO_ONLY_FIELDS:
-        setattr(config, name, _NEUTRAL_VALUES.get(name, _field_default(GRPOConfig, name)))
-    try:
-        yield
-    finally:
-        for name, value in user_values.items():
-            setattr(config, name, value)
-
-
-class _OneCompletionPerPrompt(int):
-    """Stands in for `num_generations=1` while GRPOConfig validates.
-
-    GRPOConfig rejects fewer than two completions per prompt because GRPO's advantages need a group; ES scores members,
-    not completions, so one is valid. This value passes GRPO's group-size check and, like 1, divides every batch size.
-    """
-
-    def __new__(cls):
-        return super().__new__(cls, 2)
-
-    def __rmod__(self, other):
-        return 0
+from .config_checks import PERTURBATIONS, check_after_grpo, check_before_grpo, import_function
+from .grpo_conversion import es_overrides_of
 
 
 @dataclass
@@ -360,17 +263,12 @@ class ESConfig(GRPOConfig):
         return copied
 
     def __post_init__(self):
-        self._check_es_fields()
-        self._warn_about_grpo_only_fields()
-        num_generations = self.num_generations
-        if num_generations == 1:
-            self.num_generations = _OneCompletionPerPrompt()
-        try:
+        check_before_grpo(self)
+        with one_completion_per_prompt_accepted(self):
             super().__post_init__()
-        finally:
-            self.num_generations = num_generations
         if self.steps_per_generation != self.gradient_accumulation_steps:
             self._one_prompt_batch_per_update()
+        check_after_grpo(self)
 
     def _one_prompt_batch_per_update(self):
         """GRPO can generate once for several optimizer steps (`steps_per_generation` > `gradient_accumulation_steps`,
@@ -388,140 +286,42 @@ class ESConfig(GRPOConfig):
                 f"divisible by num_generations ({self.num_generations}). Change per_device_train_batch_size or "
                 "gradient_accumulation_steps, and leave steps_per_generation and generation_batch_size unset."
             )
-        prompts = self.generation_batch_size // self.num_generations
         warnings.warn(
             f"ESTrainer makes one update per prompt batch, so {asked} becomes steps_per_generation="
             f"gradient_accumulation_steps={self.gradient_accumulation_steps}: every member of an ES step answers the "
             f"same batch of per_device_train_batch_size x gradient_accumulation_steps x processes = "
-            f"{self.generation_batch_size} completions ({prompts} prompts x num_generations={self.num_generations}), "
-            "drawn anew for every update. For more prompts per update, raise per_device_train_batch_size or "
-            "gradient_accumulation_steps.",
+            f"{self.generation_batch_size} completions ({self.prompts_per_step} prompts x num_generations="
+            f"{self.num_generations}), drawn anew for every update. For more prompts per update, raise "
+            "per_device_train_batch_size or gradient_accumulation_steps.",
             UserWarning,
             stacklevel=3,
         )
 
-    def _check_es_fields(self):
-        if not isinstance(self.population_size, int) or self.population_size < 2:
-            raise ValueError(
-                f"population_size must be an integer >= 2 (ES compares members), got {self.population_size!r}. "
-                "The anchor papers use 16 to 30."
-            )
-        if self.antithetic and self.population_size % 2:
-            raise ValueError(
-                f"antithetic=True pairs members as (+eps, -eps), so population_size must be even; got "
-                f"{self.population_size}. Use {self.population_size + 1} or set antithetic=False."
-            )
-        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"sigma must be a finite number > 0, got {self.sigma!r}. The anchor paper uses 1e-3.")
-        if self.fitness_shaping not in FITNESS_SHAPINGS:
-            raise ValueError(
-                f"Unknown fitness_shaping={self.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
-            )
-        if self.perturbation not in PERTURBATIONS:
-            raise ValueError(f"Unknown perturbation={self.perturbation!r}; use one of {', '.join(PERTURBATIONS)}.")
-        if not isinstance(self.lowrank_rank, int) or self.lowrank_rank < 1:
-            raise ValueError(f"lowrank_rank must be an integer >= 1, got {self.lowrank_rank!r}. EGGROLL uses 1.")
-        if self.lowrank_other_parameters not in OTHER_PARAMETERS:
-            raise ValueError(
-                f"Unknown lowrank_other_parameters={self.lowrank_other_parameters!r}; use one of "
-                f"{', '.join(OTHER_PARAMETERS)}."
-            )
-        if self.population_batch_size is not None and (
-            not isinstance(self.population_batch_size, int) or self.population_batch_size < 1
-        ):
-            raise ValueError(
-                f"population_batch_size must be an integer >= 1 (members per generate call), got "
-                f"{self.population_batch_size!r}. Leave it unset to generate all of a process's members at once."
-            )
-        self._check_numbers_the_update_uses()
-        self._check_seeds_and_lengths()
-        if self.consistency_check_steps < 0:
-            raise ValueError(
-                f"consistency_check_steps must be >= 0 (0 disables the check), got {self.consistency_check_steps!r}."
-            )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {self.temperature!r}.")
-        if self.eval_ks is not None and (
-            not self.eval_ks or any(not isinstance(k, int) or k < 1 for k in self.eval_ks)
-        ):
-            raise ValueError(
-                f"eval_ks must be a non-empty list of integers >= 1 (e.g. [1, 4, 16]), got {self.eval_ks!r}."
-            )
-        if self.eval_temperature <= 0:
-            raise ValueError(
-                f"eval_temperature must be > 0 (Pass@k needs sampled completions), got {self.eval_temperature!r}."
-            )
-        if self.num_generations is None or self.num_generations < 1:
-            raise ValueError(f"num_generations must be >= 1, got {self.num_generations!r}.")
-        if self.num_generations > 1 and self.temperature == 0:
-            warnings.warn(
-                f"num_generations={self.num_generations} with greedy decoding (temperature=0) produces "
-                f"{self.num_generations} identical completions per prompt. Set temperature > 0 to sample, or "
-                "num_generations=1.",
-                UserWarning,
-                stacklevel=3,
-            )
+    # What the trainer and the backends read, decided here once.
 
-    def _check_numbers_the_update_uses(self):
-        """Every number the ES update multiplies the float32 weights by must be finite in float32 (issue 16: a NaN
-        weight_decay or learning_rate=1e39 made every weight NaN, and training "succeeded")."""
-        if not (isinstance(self.sigma, (int, float)) and is_float32_finite(self.sigma)):
-            raise ValueError(f"sigma={self.sigma!r} overflows float32, the precision of the noise. Use e.g. 1e-3.")
-        if not (isinstance(self.learning_rate, (int, float)) and is_float32_finite(self.learning_rate)) or (
-            self.learning_rate < 0
-        ):
-            raise ValueError(
-                f"learning_rate (the ES step size) must be a finite number >= 0 that float32 can hold (up to "
-                f"{FLOAT32_MAX:.3g}), got {self.learning_rate!r}. The anchor paper uses 5e-4."
-            )
-        if not (isinstance(self.weight_decay, (int, float)) and is_float32_finite(self.weight_decay)) or (
-            self.weight_decay < 0
-        ):
-            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}. 0 disables it.")
-        if self.learning_rate * self.weight_decay >= 1:
-            raise ValueError(
-                f"learning_rate * weight_decay = {self.learning_rate} * {self.weight_decay} >= 1: every step would "
-                "multiply the weights by 1 - learning_rate * weight_decay <= 0. Lower weight_decay."
-            )
-        if self.learning_rate >= 1:
-            warnings.warn(
-                f"learning_rate={self.learning_rate} is the ES step size: every step moves each weight by about "
-                "learning_rate times a unit-variance direction, which erases what a trained model knows. The anchor "
-                "paper uses 5e-4.",
-                UserWarning,
-                stacklevel=4,
-            )
-        weights = self.reward_weights or []
-        if any(not isinstance(w, (int, float)) or not is_float32_finite(w) for w in weights):
-            raise ValueError(f"reward_weights must be finite numbers, got {self.reward_weights!r}.")
+    @property
+    def member_noise_seed(self) -> int:
+        """The seed of the members' noise and of their shared sampling seeds: `noise_seed`, else `seed`."""
+        return self.seed if self.noise_seed is None else self.noise_seed
 
-    def _check_seeds_and_lengths(self):
-        """Values that transformers or numpy would only refuse once training starts."""
-        for name in ("seed", "data_seed"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32):
-                raise ValueError(
-                    f"{name} must be an integer in [0, 2**32 - 1] (numpy's seed range), got {value!r}. E.g. {name}=42."
-                )
-        if self.noise_seed is not None and (not isinstance(self.noise_seed, int) or self.noise_seed < 0):
-            raise ValueError(
-                f"noise_seed must be an integer >= 0 (it is hashed, so any size works), got {self.noise_seed!r}."
-            )
-        length = self.max_completion_length
-        if length is not None and (not isinstance(length, int) or length < 1):
-            raise ValueError(
-                f"max_completion_length must be an integer >= 1 (tokens generated per completion), got {length!r}."
-            )
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts every member answers in one ES step (all processes together)."""
+        return self.generation_batch_size // self.num_generations
 
-    def _warn_about_grpo_only_fields(self):
-        ignored = grpo_loss_settings(self)
-        if ignored:
-            warnings.warn(
-                f"ESTrainer ignores GRPO loss settings: {', '.join(ignored)}. ES has no policy-gradient loss and no "
-                "KL penalty, so no reference model is built; remove them or use GRPOTrainer.",
-                UserWarning,
-                stacklevel=3,
-            )
+    @property
+    def members_per_generate_call(self) -> int:
+        """Low-rank members generating together in one call: `population_batch_size`, else all of a process's."""
+        return self.population_batch_size or self.population_size // max(self.world_size, 1)
+
+    @property
+    def vllm_server_url(self) -> str:
+        """The `trl-es vllm-serve` server of `vllm_mode="server"`: `vllm_server_base_url`, else host and port."""
+        return self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}"
+
+    def answer_extractor(self):
+        """The function `eval_answer_extractor` names (completion text -> answer), or None."""
+        return import_function(self.eval_answer_extractor, "eval_answer_extractor")
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig) -> ESConfig:
@@ -532,77 +332,4 @@ class ESConfig(GRPOConfig):
         apply to those. A GRPO group (`num_generations > 1`) keeps GRPO's sampling temperature, since greedy decoding
         would make its completions identical.
         """
-        skipped = {*GRPO_ONLY_FIELDS, *_DERIVED_FIELDS, "learning_rate"}
-        overrides = {}
-        for spec in dataclasses.fields(GRPOConfig):
-            if not spec.init or spec.name in skipped:
-                continue
-            value = getattr(grpo_config, spec.name)
-            if value != _field_default(GRPOConfig, spec.name):
-                overrides[spec.name] = value
-        if overrides.get("num_generations", 1) > 1:
-            # Several completions per prompt only differ when sampled: keep GRPO's sampling temperature for them.
-            overrides.setdefault("temperature", grpo_config.temperature)
-        return cls(**overrides)
-
-
-# The settings that decide what a run computes from a given checkpoint: resuming with another value of any of them
-# does not continue the original run. (The number of processes is not one: ES gives the same weights on any. Nor are
-# `max_steps` and `num_train_epochs`, which a resume usually changes on purpose; `population_batch_size` only groups
-# members into calls.)
-RUN_SETTINGS = (
-    "seed",
-    "data_seed",
-    "noise_seed",
-    "population_size",
-    "sigma",
-    "antithetic",
-    "fitness_shaping",
-    "reward_weights",
-    "learning_rate",
-    "lr_scheduler_type",
-    "lr_scheduler_kwargs",
-    "warmup_steps",
-    "weight_decay",
-    "perturbation",
-    "num_generations",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_completion_length",
-    "generation_kwargs",
-    "chat_template_kwargs",
-    "disable_dropout",
-    "cast_lm_head_to_fp32",
-    "use_vllm",
-    "vllm_mode",
-    "shuffle_dataset",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-)
-LOWRANK_RUN_SETTINGS = ("lowrank_rank", "lowrank_other_parameters")
-
-
-def run_settings(args: ESConfig) -> dict[str, object]:
-    """The values of `RUN_SETTINGS` (and the low-rank ones for low-rank runs), JSON-ready, as a checkpoint records
-    them."""
-    names = RUN_SETTINGS + (LOWRANK_RUN_SETTINGS if args.perturbation == "lowrank" else ())
-    return {name: _json_value(getattr(args, name)) for name in names}
-
-
-def changed_run_settings(saved: dict, args: ESConfig) -> dict[str, tuple[object, object]]:
-    """`{name: (saved value, current value)}` for every run setting a checkpoint recorded with another value than
-    `args` has (settings the checkpoint did not record are not compared)."""
-    current = run_settings(args)
-    return {
-        name: (saved[name], value)
-        for name, value in current.items()
-        if name in saved and _json_value(saved[name]) != value
-    }
-
-
-def _json_value(value):
-    """Enums by their value, as JSON stores them, so saved and current settings compare equal."""
-    return getattr(value, "value", value)
+        return cls(**es_overrides_of(grpo_config))

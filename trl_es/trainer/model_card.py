@@ -12,6 +12,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from .es_config import ESConfig
+from .run_settings import card_setting_names
 
 TEMPLATE_NAME = "es_model_card.md"
 SEQUENTIAL_TEMPLATE_NAME = "sequential_model_card.md"
@@ -97,43 +98,6 @@ GRPO_MEANINGS = {
     "per_device_train_batch_size": "Completions per process per step (`num_generations` per prompt).",
 }
 
-# The ES card's table: the method's hyperparameters, what a member is scored on, the batch and length of the run, and
-# every other setting that decides what the run computed (`RUN_SETTINGS`; the reward weights are in the card's text).
-# A setting that is unset (None, or an empty mapping) is left out.
-ES_CARD_HYPERPARAMETERS = (
-    "population_size",
-    "sigma",
-    "antithetic",
-    "fitness_shaping",
-    "perturbation",
-    "learning_rate",
-    "lr_scheduler_type",
-    "lr_scheduler_kwargs",
-    "warmup_steps",
-    "weight_decay",
-    "noise_seed",
-    "seed",
-    "data_seed",
-    "shuffle_dataset",
-    "num_generations",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_completion_length",
-    "generation_kwargs",
-    "chat_template_kwargs",
-    "disable_dropout",
-    "cast_lm_head_to_fp32",
-    "model_init_kwargs",
-    "use_vllm",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-)
-LOWRANK_CARD_HYPERPARAMETERS = ("lowrank_rank", "lowrank_other_parameters")
-VLLM_CARD_HYPERPARAMETERS = ("vllm_mode",)
-
 # A stage's line in the sequential card's summary table (its section holds the whole table).
 ES_STAGE_SUMMARY = ("population_size", "sigma", "learning_rate", "num_generations", "temperature", "max_steps")
 GRPO_CARD_HYPERPARAMETERS = (
@@ -204,10 +168,9 @@ def _rows(args, names) -> list[Hyperparameter]:
 
 
 def es_hyperparameters(args) -> list[Hyperparameter]:
-    """The card's hyperparameter table, read from an `ESConfig`."""
-    lowrank = LOWRANK_CARD_HYPERPARAMETERS if args.perturbation == "lowrank" else ()
-    vllm = VLLM_CARD_HYPERPARAMETERS if args.use_vllm else ()
-    return _rows(args, ES_CARD_HYPERPARAMETERS + lowrank + vllm + _training_length(args))
+    """The card's hyperparameter table, read from an `ESConfig`: every setting that decides what the run computed
+    (`card_setting_names`) and its length. A setting that is unset (None, or an empty mapping) is left out."""
+    return _rows(args, card_setting_names(args) + _training_length(args))
 
 
 def stage_hyperparameters(args) -> list[Hyperparameter]:
@@ -238,7 +201,7 @@ def reward_function_names(reward_funcs) -> list[str]:
         if isinstance(func, (str, Path)):
             names.append(Path(func).name if Path(func).exists() else str(func))
         elif hasattr(func, "config"):
-            names.append(str(func.config._name_or_path).split("/")[-1])
+            names.append(str(func.config.name_or_path).split("/")[-1])
         else:
             names.append(getattr(func, "__name__", type(func).__name__))
     return names

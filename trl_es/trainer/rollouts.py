@@ -9,35 +9,6 @@ from trl.chat_template_utils import parse_response
 from trl.data_utils import is_conversational
 
 
-def check_prompt_column(dataset, name: str) -> None:
-    """Refuse a dataset (or dict of datasets) without a `prompt` column, which every ES step reads."""
-    if isinstance(dataset, dict):
-        for key, split in dataset.items():
-            check_prompt_column(split, f"{name}[{key!r}]")
-        return
-    columns = getattr(dataset, "column_names", None)  # None for an iterable dataset whose features are unknown
-    if columns is not None and "prompt" not in columns:
-        raise ValueError(
-            f"{name} has no 'prompt' column (its columns: {columns}). ESTrainer, like GRPOTrainer, reads each "
-            "example's prompt from it: rename the column holding the prompts, e.g. "
-            "`dataset = dataset.rename_column('question', 'prompt')`."
-        )
-
-
-def check_prompts_fill_a_step(dataset, args) -> None:
-    """Refuse a train dataset with fewer prompts than one ES step uses: GRPO's sampler drops an incomplete batch, so
-    training would end at step 0 without a single update."""
-    prompts_per_step = args.generation_batch_size // args.num_generations
-    if dataset is not None and hasattr(dataset, "__len__") and 0 < len(dataset) < prompts_per_step:
-        raise ValueError(
-            f"train_dataset has {len(dataset)} prompts, fewer than the {prompts_per_step} prompts of one ES step "
-            f"(per_device_train_batch_size={args.per_device_train_batch_size} x gradient_accumulation_steps="
-            f"{args.gradient_accumulation_steps} x processes={args.world_size} / num_generations="
-            f"{args.num_generations}), so training would stop at step 0 without an update. Lower "
-            "per_device_train_batch_size to at most the number of prompts, or add prompts."
-        )
-
-
 def tokenizer_of(processing_class):
     """The tokenizer of a tokenizer or of a processor (vision-language models)."""
     return getattr(processing_class, "tokenizer", processing_class)

@@ -1,0 +1,206 @@
+"""Every check of an `ESConfig`, run once when it is built (`ESConfig.__post_init__`): the one place a configuration
+is validated. Trainers and backends read the config; they do not check it again.
+
+Each error names the value and says how to fix it. `check_before_grpo` runs before `GRPOConfig.__post_init__` (so a
+bad ES value is named before GRPO's own checks trip over it), `check_after_grpo` after it, once the number of
+processes and the DeepSpeed plugin are known.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+from collections.abc import Callable
+
+from ..core.distributed import check_population_divides
+from ..core.fitness import FITNESS_SHAPINGS
+from ..core.guards import FLOAT32_MAX, is_float32_finite
+from ..core.lowrank import OTHER_PARAMETERS
+from .grpo_conversion import grpo_loss_settings
+
+PERTURBATIONS = ("full", "lowrank")
+
+# Warnings point at the user's `ESConfig(...)` call: warn <- check <- check_before_grpo <- __post_init__ <- __init__.
+_AT_THE_CALLER = 5
+
+
+def check_before_grpo(config) -> None:
+    _check_es_fields(config)
+    _check_numbers_the_update_uses(config)
+    _check_seeds_and_lengths(config)
+    _check_generation(config)
+    _warn_about_grpo_only_fields(config)
+    import_function(config.eval_answer_extractor, "eval_answer_extractor")  # fails now, not at the first evaluation
+
+
+def check_after_grpo(config) -> None:
+    """The checks that need the launch: processes and DeepSpeed, and the backend combinations they allow."""
+    if config.deepspeed_plugin is not None:
+        raise NotImplementedError(
+            "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
+            "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
+            "e.g. with examples/accelerate_configs/multi_gpu.yaml."
+        )
+    check_population_divides(config.population_size, config.world_size)
+    _check_backend(config)
+
+
+def import_function(path: str | None, field_name: str) -> Callable | None:
+    """The function at import path `path` (`"package.module.function"`), or None when `path` is None."""
+    if path is None:
+        return None
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(
+            f"{field_name}={path!r} is not an importable function ({error}). Give its full import path, e.g. "
+            "'trl_es.tasks.arithmetic.extract_answer', with its module on the Python path."
+        ) from error
+
+
+def _check_es_fields(config) -> None:
+    population_size = config.population_size
+    if not isinstance(population_size, int) or population_size < 2:
+        raise ValueError(
+            f"population_size must be an integer >= 2 (ES compares members), got {population_size!r}. "
+            "The anchor papers use 16 to 30."
+        )
+    if config.antithetic and population_size % 2:
+        raise ValueError(
+            f"antithetic=True pairs members as (+eps, -eps), so population_size must be even; got "
+            f"{population_size}. Use {population_size + 1} or set antithetic=False."
+        )
+    if not (isinstance(config.sigma, (int, float)) and math.isfinite(config.sigma) and config.sigma > 0):
+        raise ValueError(f"sigma must be a finite number > 0, got {config.sigma!r}. The anchor paper uses 1e-3.")
+    if config.fitness_shaping not in FITNESS_SHAPINGS:
+        raise ValueError(
+            f"Unknown fitness_shaping={config.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
+        )
+    if config.perturbation not in PERTURBATIONS:
+        raise ValueError(f"Unknown perturbation={config.perturbation!r}; use one of {', '.join(PERTURBATIONS)}.")
+    if not isinstance(config.lowrank_rank, int) or config.lowrank_rank < 1:
+        raise ValueError(f"lowrank_rank must be an integer >= 1, got {config.lowrank_rank!r}. EGGROLL uses 1.")
+    if config.lowrank_other_parameters not in OTHER_PARAMETERS:
+        raise ValueError(
+            f"Unknown lowrank_other_parameters={config.lowrank_other_parameters!r}; use one of "
+            f"{', '.join(OTHER_PARAMETERS)}."
+        )
+    batch = config.population_batch_size
+    if batch is not None and (not isinstance(batch, int) or batch < 1):
+        raise ValueError(
+            f"population_batch_size must be an integer >= 1 (members per generate call), got {batch!r}. Leave it "
+            "unset to generate all of a process's members at once."
+        )
+    if config.consistency_check_steps < 0:
+        raise ValueError(
+            f"consistency_check_steps must be >= 0 (0 disables the check), got {config.consistency_check_steps!r}."
+        )
+
+
+def _check_numbers_the_update_uses(config) -> None:
+    """Every number the ES update multiplies the float32 weights by must be finite in float32 (issue 16: a NaN
+    weight_decay or learning_rate=1e39 made every weight NaN, and training "succeeded")."""
+    sigma, learning_rate, weight_decay = config.sigma, config.learning_rate, config.weight_decay
+    if not (isinstance(sigma, (int, float)) and is_float32_finite(sigma)):
+        raise ValueError(f"sigma={sigma!r} overflows float32, the precision of the noise. Use e.g. 1e-3.")
+    if not (isinstance(learning_rate, (int, float)) and is_float32_finite(learning_rate)) or learning_rate < 0:
+        raise ValueError(
+            f"learning_rate (the ES step size) must be a finite number >= 0 that float32 can hold (up to "
+            f"{FLOAT32_MAX:.3g}), got {learning_rate!r}. The anchor paper uses 5e-4."
+        )
+    if not (isinstance(weight_decay, (int, float)) and is_float32_finite(weight_decay)) or weight_decay < 0:
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}. 0 disables it.")
+    if learning_rate * weight_decay >= 1:
+        raise ValueError(
+            f"learning_rate * weight_decay = {learning_rate} * {weight_decay} >= 1: every step would multiply the "
+            "weights by 1 - learning_rate * weight_decay <= 0. Lower weight_decay."
+        )
+    if learning_rate >= 1:
+        warnings.warn(
+            f"learning_rate={learning_rate} is the ES step size: every step moves each weight by about "
+            "learning_rate times a unit-variance direction, which erases what a trained model knows. The anchor "
+            "paper uses 5e-4.",
+            UserWarning,
+            stacklevel=_AT_THE_CALLER,
+        )
+    weights = config.reward_weights or []
+    if any(not isinstance(w, (int, float)) or not is_float32_finite(w) for w in weights):
+        raise ValueError(f"reward_weights must be finite numbers, got {config.reward_weights!r}.")
+
+
+def _check_seeds_and_lengths(config) -> None:
+    """Values that transformers or numpy would only refuse once training starts."""
+    for name in ("seed", "data_seed"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32):
+            raise ValueError(
+                f"{name} must be an integer in [0, 2**32 - 1] (numpy's seed range), got {value!r}. E.g. {name}=42."
+            )
+    if config.noise_seed is not None and (not isinstance(config.noise_seed, int) or config.noise_seed < 0):
+        raise ValueError(
+            f"noise_seed must be an integer >= 0 (it is hashed, so any size works), got {config.noise_seed!r}."
+        )
+    length = config.max_completion_length
+    if length is not None and (not isinstance(length, int) or length < 1):
+        raise ValueError(
+            f"max_completion_length must be an integer >= 1 (tokens generated per completion), got {length!r}."
+        )
+
+
+def _check_generation(config) -> None:
+    if config.temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {config.temperature!r}.")
+    eval_ks = config.eval_ks
+    if eval_ks is not None and (not eval_ks or any(not isinstance(k, int) or k < 1 for k in eval_ks)):
+        raise ValueError(f"eval_ks must be a non-empty list of integers >= 1 (e.g. [1, 4, 16]), got {eval_ks!r}.")
+    if config.eval_temperature <= 0:
+        raise ValueError(
+            f"eval_temperature must be > 0 (Pass@k needs sampled completions), got {config.eval_temperature!r}."
+        )
+    num_generations = config.num_generations
+    if num_generations is None or num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations!r}.")
+    if num_generations > 1 and config.temperature == 0:
+        warnings.warn(
+            f"num_generations={num_generations} with greedy decoding (temperature=0) produces {num_generations} "
+            "identical completions per prompt. Set temperature > 0 to sample, or num_generations=1.",
+            UserWarning,
+            stacklevel=_AT_THE_CALLER,
+        )
+
+
+def _check_backend(config) -> None:
+    """The combinations of generation settings that no backend supports, with what to use instead (the choice of
+    backend itself is `trl_es.backends.population.build_population`'s)."""
+    if not config.use_vllm:
+        return
+    if config.vllm_mode == "colocate":
+        if config.perturbation == "lowrank" and config.lowrank_other_parameters != "frozen":
+            raise ValueError(
+                "With vLLM, low-rank members are LoRA adapters, which perturb only the decoder's Linear projections: "
+                "set lowrank_other_parameters='frozen' (embeddings, lm_head, norms and biases then stay fixed), or "
+                "generate with model.generate (use_vllm=False), where every parameter evolves."
+            )
+    elif config.world_size > 1:
+        raise NotImplementedError(
+            "vllm_mode='server' runs with a single training process for now; launch one process, or use "
+            "vllm_mode='colocate'."
+        )
+    elif config.perturbation == "lowrank":
+        raise NotImplementedError(
+            "perturbation='lowrank' with vllm_mode='server' is not supported yet: the server's worker draws full-rank "
+            "noise. Use vllm_mode='colocate' (each member a LoRA adapter) or model.generate (use_vllm=False)."
+        )
+
+
+def _warn_about_grpo_only_fields(config) -> None:
+    ignored = grpo_loss_settings(config)
+    if ignored:
+        warnings.warn(
+            f"ESTrainer ignores GRPO loss settings: {', '.join(ignored)}. ES has no policy-gradient loss and no "
+            "KL penalty, so no reference model is built; remove them or use GRPOTrainer.",
+            UserWarning,
+            stacklevel=_AT_THE_CALLER - 1,
+        )

@@ -1,0 +1,74 @@
+"""How ESTrainer evaluates: the centre of the population (never a perturbed member), generated with the training
+backend and settings and scored like GRPO scores it (`eval_reward`, `eval_rewards/*`, `eval_completions/*`), plus
+`eval_loss` = -`eval_reward` and, with `eval_ks`, its coverage (`eval_pass@k`, `eval_maj@k`, `eval_greedy_accuracy`,
+`eval_entropy`)."""
+
+from __future__ import annotations
+
+import math
+
+from ..compat.trl import calculate_rewards, logged_metrics, take_reward_logs
+from ..core.fitness import weighted_rewards
+from ..core.noise import sampling_seed
+from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
+from ..evaluation.trainer_coverage import measure_trainer
+from .rollouts import decode_completions, tokenize_prompts
+from .step_logging import log_completion_lengths, log_rewards, mean_or_none
+
+
+def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
+    """Generate the centre's completions of one eval batch and log GRPO's eval metrics for them."""
+    prompts = [example["prompt"] for example in inputs]
+    prompt_ids = tokenize_prompts(
+        trainer.processing_class, prompts, trainer.chat_template, trainer.chat_template_kwargs
+    )
+    seed = sampling_seed(trainer.args.seed, f"eval-{trainer.state.global_step}")
+    completion_ids = trainer.population.backend.generate_center(prompt_ids, trainer.sampling, seed)
+    completions = decode_completions(trainer.processing_class, prompts, prompt_ids, completion_ids)
+    rewards_per_func = calculate_rewards(trainer, inputs, prompts, completions, completion_ids)
+    take_reward_logs(trainer)  # `log_metric` of reward functions counts in training only
+    metrics = logged_metrics(trainer, "eval")
+    log_rewards(
+        metrics,
+        trainer.reward_func_names,
+        rewards_per_func,
+        weighted_rewards(rewards_per_func, trainer.reward_weights),
+    )
+    ends = trainer.tokens.end_ids
+    log_completion_lengths(trainer.accelerator, trainer.state, metrics, ends, prompt_ids, [completion_ids], False)
+
+
+def eval_loss(rewards: list[float]) -> float | None:
+    """-`eval_reward` over an evaluation's batches (averaged as GRPO's `log` averages them, NaN batches left out),
+    the training loss's meaning, so `load_best_model_at_end` and early stopping work with their default metric; None
+    when no eval completion was scored."""
+    return mean_or_none([-reward for reward in rewards if not math.isnan(reward)])
+
+
+def center_sampler(trainer) -> Sampler:
+    """The sampler coverage evaluation measures the centre with: the vLLM backend when training generates with one
+    (which holds the centre between steps), `model.generate` otherwise."""
+    if not trainer.use_vllm:
+        return TransformersSampler(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
+    return BackendSampler(trainer.population.backend, trainer.sampling)
+
+
+def coverage_metrics(trainer, dataset, prefix: str) -> dict[str, float]:
+    """The centre's coverage on `dataset` with the config's `eval_ks`, under `<prefix>_<metric>` names."""
+    args = trainer.args
+    if not hasattr(dataset, "__len__"):
+        raise NotImplementedError(
+            "eval_ks measures coverage on a map-style eval_dataset (one with a length); this one is iterable. Pass a "
+            "`datasets.Dataset`, or unset eval_ks."
+        )
+    report = measure_trainer(
+        trainer,
+        center_sampler(trainer),
+        dataset,
+        args.eval_ks,
+        trainer.answer_extractor,
+        success_threshold=args.success_reward_threshold,
+        temperature=args.eval_temperature,
+        seed=args.seed,
+    )
+    return {f"{prefix}_{name}": value for name, value in report.as_dict().items()}

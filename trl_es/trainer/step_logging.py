@@ -1,0 +1,119 @@
+"""What an ES step logs, under GRPO's metric names (`reward`, `rewards/<f>/mean`, `completions/*`, `num_tokens`, the
+completion table) and ES's own (`es/*`), and the `loss` ES minimises: minus the members' mean fitness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from trl.trainer.utils import nanstd
+
+from ..backends.base import PhaseTimer
+from ..core.distributed import from_process
+from ..evaluation.metrics import population_diversity
+from .divergence import StepCounters
+from .rollouts import completion_metrics
+from .scoring import MemberScores
+
+PHASES = ("perturb", "generate", "reward", "update")
+
+
+def mean_or_none(values: list[float]) -> float | None:
+    """The mean of `values`, or None (as GRPO logs a metric without values) when there are none."""
+    return sum(values) / len(values) if values else None
+
+
+@dataclass
+class LossLog:
+    """-mean fitness of each ES step of a `train` call that had a fitness: what `loss` (per log entry) and
+    `train_loss` (per run) report. Steps without a fitness are left out, as GRPO's `log` leaves out NaN metrics."""
+
+    losses: list[float] = field(default_factory=list)
+    logged: int = 0  # how many of them earlier log entries covered
+
+    def add(self, fitness: torch.Tensor) -> None:
+        self.losses.append(-fitness.mean().item())
+
+    def take_entry_loss(self) -> float | None:
+        """The mean over the steps since the last log entry."""
+        loss = mean_or_none(self.losses[self.logged :])
+        self.logged = len(self.losses)
+        return loss
+
+    def run_loss(self) -> float | None:
+        return mean_or_none(self.losses)
+
+
+def log_step(
+    metrics: dict[str, list],
+    reward_names: list[str],
+    scores: MemberScores,
+    completion_rewards: torch.Tensor,
+    fitness: torch.Tensor | None,
+    update_norm: float,
+    timer: PhaseTimer,
+    counters: StepCounters,
+    num_generations: int,
+    success_threshold: float,
+) -> None:
+    """The step's metrics; `fitness` is None for a step without one (its reward metrics are then NaN, which GRPO's
+    `log` leaves out of its averages)."""
+    log_rewards(metrics, reward_names, scores.rewards_per_func, completion_rewards)
+    metrics["es/update_norm"].append(update_norm)
+    metrics["es/skipped_steps"] = [float(counters.skipped)]  # cumulative, like num_tokens
+    metrics["es/degenerate_steps"] = [float(counters.degenerate)]  # cumulative: steps without a direction
+    for phase in PHASES:
+        metrics[f"es/time/{phase}"].append(timer.seconds[phase])
+    if fitness is None:
+        return
+    metrics["es/fitness/mean"].append(fitness.mean().item())
+    metrics["es/fitness/std"].append(fitness.std(unbiased=False).item())
+    metrics["es/fitness/min"].append(fitness.min().item())
+    metrics["es/fitness/max"].append(fitness.max().item())
+    if num_generations > 1:
+        metrics["es/js_diversity"].append(population_diversity(completion_rewards, num_generations, success_threshold))
+
+
+def log_completion_lengths(
+    accelerator, state, metrics: dict[str, list], end_ids: set[int], prompt_ids, completion_ids, training: bool
+) -> None:
+    """GRPO's `num_tokens` and `completions/*` over the completions of every member (`completion_ids`: this
+    process's, per member) of every process; only training counts its tokens into `state.num_input_tokens_seen`."""
+    device = accelerator.device
+    rows = [ids for member in completion_ids for ids in member]
+    lengths = accelerator.gather(torch.tensor([len(ids) for ids in rows], device=device))
+    truncated = accelerator.gather(torch.tensor([not ids or ids[-1] not in end_ids for ids in rows], device=device))
+    if training:
+        prompt_tokens = sum(len(ids) for ids in prompt_ids) * len(completion_ids) * accelerator.num_processes
+        state.num_input_tokens_seen += prompt_tokens + int(lengths.sum())
+    metrics["num_tokens"] = [state.num_input_tokens_seen]
+    for name, value in completion_metrics(lengths.cpu(), truncated.cpu()).items():
+        metrics[name].append(value)
+
+
+def log_best_member(
+    table: dict, accelerator, reward_names: list[str], prompts: list, scores: MemberScores, shaped: torch.Tensor
+) -> None:
+    """Fill GRPO's completion table (`log_completions`) with the step's best member (every process holds the same
+    values); its "advantage" column holds that member's shaped fitness."""
+    best = int(torch.argmax(shaped))
+    local, owner = divmod(best, accelerator.num_processes)
+    own = (scores.completions[local], scores.extra_columns[local])
+    best_completions, best_columns = from_process(accelerator, own, owner)
+    table["prompt"].extend(prompts)
+    table["completion"].extend(best_completions)
+    for index, name in enumerate(reward_names):
+        table["rewards"][name].extend(scores.rewards_per_func[best, :, index].tolist())
+    table["advantages"].extend([shaped[best].item()] * len(prompts))
+    for column in sorted(best_columns):
+        table["extra"][column].extend(best_columns[column])
+
+
+def log_rewards(metrics: dict[str, list], reward_names: list[str], rewards_per_func, rewards) -> None:
+    """GRPO's reward metrics over all the given completions: `reward`, `reward_std` (of the weighted `rewards`) and
+    `rewards/<f>/mean|std` (`rewards_per_func`: the last dimension is the reward function)."""
+    for index, name in enumerate(reward_names):
+        metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[..., index]).item())
+        metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[..., index].flatten()).item())
+    metrics["reward"].append(torch.nanmean(rewards).item())
+    metrics["reward_std"].append(nanstd(rewards.flatten()).item())
