@@ -2,7 +2,7 @@
 
 - `prompts.py`: the prompt templates (policy, rubric generation, policy-with-rubric, judge, inferred question);
 - `rubrics.py`: the rubric JSON schema, a strict parser and the validator;
-- `judges.py`: the `Judge` interface and its OpenAI-compatible HTTP and in-process Hugging Face implementations;
+- `judges/`: the `Judge` interface, running judges, and the OpenAI-compatible HTTP and in-process Hugging Face judges;
 - `rewards.py`: the policy, rubric and format rewards with TRL's reward-function contract;
 - `pairs.py`: preference pairs from the model's own outputs (temporal contrast with a replay buffer, inferred question,
   rubric-conditioned) and their mixture;

@@ -5,7 +5,8 @@ the fitness and its shaping, the update of the centre. The rest of the class wir
 their own: scoring (`scoring.py`), what a step cannot do (`divergence.py`), logging (`step_logging.py`), checkpoints
 and resume (`resume.py`), evaluation (`evaluation.py`), the Hub (`hub.py`). The ES math lives in `trl_es/core/`, the
 ways of generating with members in `trl_es/backends/` (chosen once, by `build_population`), and every use of a
-library's private API in `trl_es/compat/`.
+library's private API in `trl_es/compat/`. (The class docstring is ESTrainer's API reference page, which is most of
+the file's length.)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..core.noise import sampling_seed
 from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
-from . import evaluation, hub, inputs, resume, step_logging
+from . import evaluation, hub, resume, step_logging
 from .divergence import (
     StepCounters,
     degenerate_steps_warning,
@@ -44,6 +45,7 @@ from .divergence import (
 )
 from .es_config import ESConfig
 from .grpo_conversion import neutral_grpo_loss_values
+from .inputs import as_es_config, check_datasets, check_model_fits_backend, refuse_agent_features
 from .reward_checks import checked_reward_function
 from .rollouts import tokenize_prompts, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
@@ -136,10 +138,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         rollout_func=None,
         environment_factory=None,
     ):
-        args = inputs.as_es_config(args, model)
-        inputs.refuse_agent_features(tools, environment_factory, rollout_func)
-        inputs.check_model_fits_backend(args, model, peft_config)
-        inputs.check_datasets(train_dataset, eval_dataset, args)
+        args = as_es_config(args, model)
+        refuse_agent_features(tools, environment_factory, rollout_func)
+        check_model_fits_backend(args, model, peft_config)
+        check_datasets(train_dataset, eval_dataset, args)
         # GRPO's loss settings (beta: a reference model) are hidden from GRPO's constructor and kept in `args`.
         with engine_setup(args), grpo_init_sees_defaults(args, neutral_grpo_loss_values()):
             super().__init__(
