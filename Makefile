@@ -74,10 +74,11 @@ docs: $(STAMP)
 	done
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# The built site in headless Chromium (apt-get install -y chromium): screenshots in docs/screenshots/, checked.
+# The built site in headless Chromium (Debian: apt-get install -y chromium): screenshots in docs/screenshots/, checked.
+CHROMIUM ?= $(shell command -v chromium || command -v google-chrome || echo /usr/bin/chromium)
 docs-check: $(STAMP)
 	test -f site/index.html || $(MAKE) docs
-	$(PY) docs/hooks/check_site.py --site site --screenshots docs/screenshots
+	$(PY) docs/hooks/check_site.py --site site --screenshots docs/screenshots --chromium "$(CHROMIUM)"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info site
