@@ -47,11 +47,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .backends.base import PopulationBackend
-    from .trainer.callbacks import CoverageEvalCallback
     from .evaluation.coverage import CoverageReport, coverage_report
     from .evaluation.metrics import js_diversity, maj_at_k, pass_at_k
     from .evolm.trainer import EvolmConfig, EvolmTrainer
     from .sequential.trainer import SequentialTrainer, Stage
+    from .trainer.callbacks import CoverageEvalCallback
     from .trainer.es_config import ESConfig
     from .trainer.es_trainer import ESTrainer
 

@@ -141,4 +141,5 @@ def test_trl_keeps_its_colocated_engine_in_vllm_generation_llm(grpo):
     assert "self.llm = " in inspect.getsource(VLLMGeneration), (
         f"{TRL} no longer keeps the colocated engine in VLLMGeneration.llm; update release_colocated_engine."
     )
+    assert trl_compat.colocated_engine(grpo) is None
     assert trl_compat.release_colocated_engine(grpo) is False  # no engine: nothing to release

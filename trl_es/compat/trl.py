@@ -31,6 +31,7 @@ PRIVATE_NAMES = {
     "one_completion_per_prompt_accepted": ["GRPOConfig.__post_init__ (its num_generations >= 2 check)"],
     "grpo_init_sees_defaults": ["GRPOTrainer.__init__ (what it builds from the loss fields)"],
     "vllm_server_hidden_from_grpo": ["GRPOTrainer.__init__ (its VLLMGeneration for use_vllm)"],
+    "colocated_engine": ["VLLMGeneration.llm"],
     "release_colocated_engine": ["VLLMGeneration.llm"],
 }
 
@@ -199,11 +200,16 @@ def release_colocated_engine(trainer) -> bool:
     """
     from accelerate.state import PartialState
 
-    generation = getattr(trainer, "vllm_generation", None)
-    llm = getattr(generation, "llm", None)
+    llm = colocated_engine(trainer)
     if llm is None:
         return False
     keep_default_group = torch.distributed.is_initialized() and PartialState().backend is not None
     shutdown_engine(llm, keep_default_process_group=keep_default_group)
-    generation.llm = None
+    trainer.vllm_generation.llm = None
     return True
+
+
+def colocated_engine(trainer):
+    """The `vllm.LLM` that TRL's `VLLMGeneration` built for `trainer` in colocate mode, or None (no vLLM, server mode,
+    or released)."""
+    return getattr(getattr(trainer, "vllm_generation", None), "llm", None)

@@ -17,7 +17,7 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 
-from ..compat.trl import sync_engine_weights
+from ..compat.trl import colocated_engine, sync_engine_weights
 from .coverage import (
     CoverageReport,
     Judge,
@@ -41,7 +41,7 @@ def grpo_sampler(trainer) -> Sampler:
         return TransformersSampler(model, trainer.processing_class)
     if trainer.vllm_mode == "colocate":
         sync_engine_weights(trainer)
-        return VLLMEngineSampler(trainer.vllm_generation.llm)
+        return VLLMEngineSampler(colocated_engine(trainer))
     logger.warning(
         "GRPOTrainer in vllm_mode='server': coverage is measured with model.generate on the policy, not the server."
     )

@@ -26,7 +26,7 @@ from ..backends.hf import TokenIds
 from ..backends.population import Population, build_population, engine_setup, evolving_parameters
 from ..backends.sampling import SamplingSettings
 from ..compat.transformers import TrainerHooks
-from ..compat.trl import TrainerTags, completion_table, grpo_init_sees_defaults, logged_metrics
+from ..compat.trl import TrainerTags, colocated_engine, completion_table, grpo_init_sees_defaults, logged_metrics
 from ..core.distributed import check_ranks_agree, members_of_this_process, whole_batch
 from ..core.fitness import any_scored, member_fitness, shape_fitness, update_coefficients, weighted_rewards
 from ..core.guards import check_finite_tensors, check_fitness
@@ -192,7 +192,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 self.args,
                 model,
                 self.tokens,
-                llm=getattr(getattr(self, "vllm_generation", None), "llm", None),
+                llm=colocated_engine(self),
                 lossy_masters=resumed.lossy_masters if resumed else None,
                 resumed_from=resumed.checkpoint if resumed else None,
                 update_shards=self._update_shards(),
