@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.coverage_lab import (
-    METHODS,
-    LabSettings,
-    es_config,
-    load_average,
-    parse_args,
-    quick_settings,
-    render_markdown,
-    spread,
-)
+from experiments.coverage_lab.cli import main, parse_args
+from experiments.coverage_lab.report import render_markdown
+from experiments.coverage_lab.settings import METHODS, LabSettings, quick_settings
+from experiments.coverage_lab.training import es_config
+from experiments.harness import load_average, spread
 from trl_es.demo.run import DEMO
 
 REPO = Path(__file__).parents[1]
@@ -70,6 +65,21 @@ def test_the_report_says_unavailable_when_the_load_average_is(monkeypatch, tmp_p
     results["machine"]["load_average_at_start"] = None
     plots = {name: tmp_path / "lab" / name for name in ("pass_at_k", "curves", "json")}
     assert "(load average unavailable at the start)" in render_markdown(results, tmp_path / "lab.md", plots)
+
+
+def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys):
+    output_dir = tmp_path / "lab"
+    output_dir.mkdir()
+    (output_dir / "results.json").write_bytes((REPO / "docs" / "lab" / "results.json").read_bytes())
+    main(["--report", "--output_dir", str(output_dir)])
+    assert (tmp_path / "lab.md").read_text() == (REPO / "docs" / "lab.md").read_text()
+    assert (output_dir / "pass_at_k.png").stat().st_size > 0 and (output_dir / "reward_curves.png").stat().st_size > 0
+    assert f"wrote {output_dir / 'pass_at_k.png'}" in capsys.readouterr().out
+
+
+def test_report_without_a_results_file_says_to_run_the_lab_first(tmp_path):
+    with pytest.raises(SystemExit, match="run the lab first"):
+        main(["--report", "--output_dir", str(tmp_path / "lab")])
 
 
 @pytest.mark.slow

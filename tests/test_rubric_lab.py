@@ -1,8 +1,12 @@
 """The rubric lab (`python -m experiments.rubric_lab`): equal budgets, and a measured report from a real (tiny) run."""
 
 from dataclasses import replace
+from pathlib import Path
 
-from experiments.rubric_lab import METHODS, RubricLabSettings, quick_settings, run_lab
+from experiments.rubric_lab.cli import main, run_lab
+from experiments.rubric_lab.settings import METHODS, RubricLabSettings, quick_settings
+
+REPO = Path(__file__).parents[1]
 
 
 def test_methods_without_rubric_phases_spend_evolms_budget():
@@ -34,3 +38,13 @@ def test_the_lab_writes_results_a_plot_and_a_report(tmp_path):
     assert (tmp_path / "out" / "headline.png").is_file()
     report = markdown.read_text()
     assert "| base |" in report and "What the toy can and cannot test" in report
+
+
+def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys):
+    output_dir = tmp_path / "rubric_lab"
+    output_dir.mkdir()
+    (output_dir / "results.json").write_bytes((REPO / "docs" / "rubric_lab" / "results.json").read_bytes())
+    main(["--report", "--output_dir", str(output_dir)])
+    assert (tmp_path / "rubric_lab.md").read_text() == (REPO / "docs" / "rubric_lab.md").read_text()
+    assert (output_dir / "headline.png").stat().st_size > 0
+    assert f"wrote {output_dir / 'headline.png'}" in capsys.readouterr().out

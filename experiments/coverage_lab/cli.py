@@ -1,0 +1,133 @@
+"""The coverage lab's command line and its run: sweep GRPO's learning rate, run every job, write the results file,
+then the plots and the report from it (`--report`: only the last step)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import experiments.coverage_lab
+from experiments.coverage_lab.jobs import Job, run_job
+from experiments.coverage_lab.report import write_report
+from experiments.coverage_lab.settings import METHODS, WORKERS, LabSettings, quick_settings
+from experiments.coverage_lab.summary import summarize_runs
+from experiments.harness import (
+    add_common_arguments,
+    command_line,
+    machine_info,
+    markdown_path,
+    read_results,
+    resolve_work_dir,
+    run_jobs,
+    seed_range,
+    write_results,
+)
+
+# The longest jobs first, so that the workers finish together.
+TRAINING_ORDER = ("grpo", "es-then-grpo", "grpo-then-es", "es")
+
+
+def run_lab(
+    settings: LabSettings,
+    output_dir: Path,
+    markdown: Path,
+    work_dir: Path,
+    workers: int = WORKERS,
+    threads: int = 1,
+    command: str = "",
+    log=print,
+) -> dict:
+    """Sweep GRPO's learning rate (unless given), train and measure every method and seed, write JSON, plots and
+    Markdown; returns the results."""
+    started = time.time()
+    machine = machine_info()
+    settings.grpo_steps  # noqa: B018 -- fails early when the budget does not split into whole steps
+    grpo_lr, sweep = settings.grpo_learning_rate, []
+    if grpo_lr is None:
+        sweep_jobs = [
+            Job("sweep", learning_rate=lr, work_dir=str(work_dir), settings=settings, threads=threads)
+            for lr in settings.grpo_lr_sweep
+        ]
+        sweep = run_jobs(run_job, sweep_jobs, workers, "lab", log)
+        grpo_lr = max(sweep, key=lambda entry: entry["final_reward"])["learning_rate"]
+        log(f"[lab] GRPO learning rate from the sweep: {grpo_lr:g}")
+    jobs = [Job("base", work_dir=str(work_dir), settings=settings, threads=threads)]
+    jobs += [
+        Job(method, seed, grpo_lr, str(work_dir), settings, threads)
+        for method in TRAINING_ORDER
+        for seed in settings.seeds
+    ]
+    job_results = dict(zip((job.name for job in jobs), run_jobs(run_job, jobs, workers, "lab", log), strict=True))
+    trained = [method for method in METHODS if method != "base"]
+    runs = {"base": {seed: job_results["base"] for seed in settings.seeds[:1]}}
+    runs |= {method: {seed: job_results[f"{method}-seed{seed}"] for seed in settings.seeds} for method in trained}
+    results = {
+        "command": command,
+        "machine": machine,
+        "workers": workers,
+        "threads": threads,
+        "settings": asdict(settings),
+        "budget": settings.budget,
+        "grpo_steps": settings.grpo_steps,
+        "grpo_learning_rate": grpo_lr,
+        "grpo_lr_sweep": [{k: v for k, v in entry.items() if k != "runtime_s"} for entry in sweep],
+        "summary": summarize_runs(runs),
+        "runs": runs,
+        "job_runtimes_s": {f"sweep-lr{entry['learning_rate']:g}": entry["runtime_s"] for entry in sweep}
+        | {name: result["runtime_s"] for name, result in job_results.items()},
+        "runtime_s": time.time() - started,
+    }
+    log(f"[lab] wrote {write_results(output_dir, results)}")
+    write_report(output_dir, markdown, log)
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    defaults, quick = LabSettings(), quick_settings()
+    description = experiments.coverage_lab.__doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m experiments.coverage_lab", description=description)
+    add_common_arguments(parser, "lab", len(defaults.seeds), "docs/lab", "results.json and the PNGs")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"A smoke test: {quick.es_steps} ES steps of {quick.population_size} members, "
+        f"{quick.num_held_out} held-out problems, one worker.",
+    )
+    parser.add_argument(
+        "--es_steps",
+        type=int,
+        default=None,
+        help=f"ES steps (default {defaults.es_steps}, {quick.es_steps} with --quick; GRPO steps follow).",
+    )
+    parser.add_argument(
+        "--grpo_learning_rate",
+        type=float,
+        default=None,
+        help="Skip the sweep (default: the best of "
+        + ", ".join(f"{lr:g}" for lr in defaults.grpo_lr_sweep)
+        + " on training reward) and use this lr.",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help=f"Worker processes (default {WORKERS}; 1 with --quick)."
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default %(default)s).")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    markdown = markdown_path(args)
+    if args.report:
+        write_report(args.output_dir, markdown)
+        return read_results(args.output_dir)
+    seeds = seed_range(args.seeds)
+    settings = quick_settings(seeds) if args.quick else LabSettings(seeds=seeds)
+    if args.es_steps is not None:
+        settings = replace(settings, es_steps=args.es_steps)
+    if args.grpo_learning_rate is not None:
+        settings = replace(settings, grpo_learning_rate=args.grpo_learning_rate)
+    workers = args.workers or (1 if args.quick else WORKERS)
+    command = command_line("experiments.coverage_lab", argv)
+    return run_lab(settings, args.output_dir, markdown, resolve_work_dir(args), workers, args.threads, command)

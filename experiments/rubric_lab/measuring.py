@@ -1,0 +1,57 @@
+"""Measuring a rubric-lab model on held-out problems with the verifier and the demo's judge, and the summary of the
+measurements over seeds."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from experiments.harness import spread
+from experiments.rubric_lab.reward_model import reward_model_reward
+from experiments.rubric_lab.settings import RubricLabSettings
+
+
+def measure(settings: RubricLabSettings, final: Path, judge, reward_model: Path | None) -> dict[str, float]:
+    """The demo's held-out measurements, the rubric separation and, for `scalar-rm`, the reward model's mean reward
+    of the greedy held-out answers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_es.demo.evolm import toy
+    from trl_es.demo.evolm.run import held_out_measurements, sample_completions
+    from trl_es.evolm.rubrics import RubricError, parse_rubric
+    from trl_es.tasks.arithmetic import problem
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(final).eval(), AutoTokenizer.from_pretrained(final)
+    demo = settings.demo
+    measurements = held_out_measurements(model, tokenizer, demo)
+    problems = [p for p in (problem("test", i) for i in range(demo.num_held_out)) if p.answer != p.misread_answer]
+    rubric_prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
+    rubrics = sample_completions(model, tokenizer, rubric_prompts, 0.0, demo.max_completion_length, 0)
+    items = []
+    for p, rubric in zip(problems, rubrics, strict=True):
+        try:  # the judge reads a rubric as the policy reward passes it: re-serialised
+            rubric_json = parse_rubric(rubric, toy.DEMO_RULES).to_json()
+        except RubricError:
+            continue  # an invalid rubric separates nothing
+        items += [("", rubric_json, f" {p.answer}"), ("", rubric_json, f" {p.misread_answer}")]
+    scores = judge.score_batch(items)
+    separated = sum(1 for a, b in zip(scores[::2], scores[1::2], strict=True) if None not in (a, b) and a > b)
+    measurements["rubric_separation"] = separated / len(problems)
+    measurements["judge_failure_rate"] = sum(score is None for score in scores) / max(len(scores), 1)
+    if reward_model is not None:
+        prompts = [toy.DEMO_PROMPTS.policy.format(question=p.question) for p in problems]
+        answers = sample_completions(model, tokenizer, prompts, 0.0, 8, 0)
+        rewards = reward_model_reward(reward_model)(prompts, answers, [p.question for p in problems])
+        measurements["rm_reward"] = statistics.fmean(rewards)
+    return measurements
+
+
+def summarize(runs: dict) -> dict:
+    """`summary[model][method][metric]`: mean, std and the values over seeds."""
+    summary = {}
+    for model, by_method in runs.items():
+        summary[model] = {}
+        for method, by_seed in by_method.items():
+            metrics = list(next(iter(by_seed.values()))["held_out"])
+            summary[model][method] = {m: spread([r["held_out"][m] for r in by_seed.values()]) for m in metrics}
+    return summary

@@ -1,0 +1,54 @@
+"""What a rubric-lab run depends on: the methods (and the demo settings each one changes), `RubricLabSettings`
+(saved in the results file), and the steps that give methods without rubric phases EVOLM's budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trl_es.demo.evolm.settings import EvolmDemoSettings
+
+MIXED = {"temporal": 1.0, "inferred": 1.0, "rubric_conditioned": 1.0}
+NO_TEMPORAL = {"inferred": 1.0, "rubric_conditioned": 1.0}
+# method -> the demo settings it changes (EVOLM methods) or None (the others)
+METHODS: dict[str, dict | None] = {
+    "base": None,
+    "verifier": None,
+    "static": {"schedule": "static"},
+    "coevolve-temporal": {"pair_weights": {"temporal": 1.0}},
+    "coevolve-conditioned": {"pair_weights": {"rubric_conditioned": 1.0}},
+    "coevolve-inferred": {"pair_weights": {"inferred": 1.0}},
+    "coevolve-mixed": {"pair_weights": MIXED},
+    "coevolve-indicator": {"pair_weights": {"temporal": 1.0}, "rubric_reward": "indicator"},
+    "sequential": {"schedule": "sequential", "pair_weights": NO_TEMPORAL},
+    "grpo": {"pair_weights": {"temporal": 1.0}, "policy_method": "grpo", "rubric_method": "grpo"},
+    "es-policy-grpo-rubric": {"pair_weights": {"temporal": 1.0}, "rubric_method": "grpo"},
+    "grpo-policy-es-rubric": {"pair_weights": {"temporal": 1.0}, "policy_method": "grpo"},
+    "scalar-rm": None,
+}
+MODELS = ("joint", "null")
+
+
+@dataclass
+class RubricLabSettings:
+    """Everything a lab run depends on; saved in the JSON. Defaults are the full run."""
+
+    demo: EvolmDemoSettings = field(default_factory=EvolmDemoSettings)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    models: tuple[str, ...] = MODELS
+    methods: tuple[str, ...] = tuple(METHODS)
+    rm_steps: int = 300  # Bradley-Terry training steps of the scalar reward model
+
+    def policy_steps_at_equal_budget(self, judge_calls_per_completion: int) -> int:
+        """Policy steps (in total) of a method without rubric phases that spend EVOLM's budget, when each completion
+        costs `judge_calls_per_completion` calls besides itself (0: the verifier, 1: a judge or reward model)."""
+        demo = self.demo
+        policy, rubric = demo.completions_per_step("policy"), demo.completions_per_step("rubric")
+        evolm = demo.rounds * (2 * policy * demo.policy_steps + 3 * rubric * demo.rubric_steps)
+        return math.floor(evolm / ((1 + judge_calls_per_completion) * policy))
+
+
+def quick_settings() -> RubricLabSettings:
+    """A smoke test: short phases, one seed, few held-out problems."""
+    demo = EvolmDemoSettings(policy_steps=4, rubric_steps=2, rounds=1, num_train=64, num_held_out=128)
+    return RubricLabSettings(demo=demo, seeds=(0,), rm_steps=30)
