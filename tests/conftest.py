@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from scripts.fast_es import fast_es_config  # noqa: E402
 
-from trl_es.testing import save_tiny_model  # noqa: E402
+from trl_es.testing import build_tiny_tokenizer, save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +29,12 @@ def peaked_model_path(tmp_path_factory):
 @pytest.fixture(scope="session")
 def no_chat_template_model_path(tmp_path_factory):
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-no-template"), chat_template=False))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The tiny tokenizer, for tests that build their models in memory (`scripts/tiny_lowrank.py`)."""
+    return build_tiny_tokenizer()
 
 
 @pytest.fixture
