@@ -63,6 +63,12 @@ def markdown_path(args: argparse.Namespace) -> Path:
     return args.markdown or args.output_dir.with_suffix(".md")
 
 
+def rewrite_report(args: argparse.Namespace, write_report: Callable[[Path, Path], None]) -> dict:
+    """--report: the lab's `write_report(output_dir, markdown)`, from the results file alone; returns the results."""
+    write_report(args.output_dir, markdown_path(args))
+    return read_results(args.output_dir)
+
+
 def resolve_work_dir(args: argparse.Namespace) -> Path:
     """--work_dir, or `<tmp>/trl-es-<lab>[-quick]`: a quick run never reuses a full run's cached jobs."""
     return args.work_dir or Path(tempfile.gettempdir()) / f"trl-es-{args.lab}{'-quick' if args.quick else ''}"

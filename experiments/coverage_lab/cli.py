@@ -18,8 +18,8 @@ from experiments.harness import (
     command_line,
     machine_info,
     markdown_path,
-    read_results,
     resolve_work_dir,
+    rewrite_report,
     run_jobs,
     seed_range,
     write_results,
@@ -118,10 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    markdown = markdown_path(args)
     if args.report:
-        write_report(args.output_dir, markdown)
-        return read_results(args.output_dir)
+        return rewrite_report(args, write_report)
     seeds = seed_range(args.seeds)
     settings = quick_settings(seeds) if args.quick else LabSettings(seeds=seeds)
     if args.es_steps is not None:
@@ -130,4 +128,6 @@ def main(argv: list[str] | None = None) -> dict:
         settings = replace(settings, grpo_learning_rate=args.grpo_learning_rate)
     workers = args.workers or (1 if args.quick else WORKERS)
     command = command_line("experiments.coverage_lab", argv)
-    return run_lab(settings, args.output_dir, markdown, resolve_work_dir(args), workers, args.threads, command)
+    return run_lab(
+        settings, args.output_dir, markdown_path(args), resolve_work_dir(args), workers, args.threads, command
+    )

@@ -14,8 +14,8 @@ from experiments.harness import (
     command_line,
     machine_info,
     markdown_path,
-    read_results,
     resolve_work_dir,
+    rewrite_report,
     run_jobs,
     seed_range,
     write_results,
@@ -70,11 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    markdown = markdown_path(args)
     if args.report:
-        write_report(args.output_dir, markdown)
-        return read_results(args.output_dir)
+        return rewrite_report(args, write_report)
     settings = quick_settings() if args.quick else RubricLabSettings(seeds=seed_range(args.seeds))
     settings = replace(settings, methods=tuple(args.methods), models=tuple(args.models))
     command = command_line("experiments.rubric_lab", argv)
-    return run_lab(settings, args.output_dir, markdown, resolve_work_dir(args), command)
+    return run_lab(settings, args.output_dir, markdown_path(args), resolve_work_dir(args), command)
