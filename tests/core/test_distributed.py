@@ -1,9 +1,15 @@
-"""The ranks' agreement check compares per-tensor fingerprints that any one-bit change of the master changes."""
+"""Population-parallel ES across processes (`trl_es.core.distributed`): members dealt round-robin, a population that
+must divide among the processes, and the ranks' agreement check, which compares per-tensor fingerprints that any
+one-bit change of the master changes."""
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
-from trl_es.core.distributed import master_fingerprint
+from trl_es.core.distributed import check_population_divides, master_fingerprint, members_of_this_process
 from trl_es.core.master import MasterWeights
+from trl_es.core.noise import population
 
 
 def test_the_smallest_change_of_one_weight_changes_its_tensors_fingerprint_only():
@@ -19,3 +25,19 @@ def test_the_smallest_change_of_one_weight_changes_its_tensors_fingerprint_only(
 def test_equal_masters_have_equal_fingerprints():
     weights = {"a": torch.randn(7, 2), "b": torch.zeros(3)}
     assert master_fingerprint(MasterWeights(weights, 0.1)) == master_fingerprint(MasterWeights(weights, 0.2))
+
+
+def test_members_are_dealt_round_robin():
+    members = population(0, step=0, population_size=6)
+    shares = [members_of_this_process(SimpleNamespace(process_index=r, num_processes=3), members) for r in range(3)]
+    assert shares == [members[0::3], members[1::3], members[2::3]]
+    rounds = [share[j] for j in range(2) for share in shares]  # round j gathers members jP .. jP + P - 1
+    assert rounds == members
+
+
+def test_population_must_divide_among_processes():
+    check_population_divides(30, 3)
+    with pytest.raises(
+        ValueError, match=r"population_size \(30\) must be a multiple of the number of processes \(4\)"
+    ):
+        check_population_divides(30, 4)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from scripts.paths import ACCELERATE_CONFIGS, SCRIPTS
 
-SCRIPTS = Path(__file__).parent / "scripts"
 SCRIPT = SCRIPTS / "train_population.py"
-MULTI_NODE = Path(__file__).parents[1] / "examples" / "accelerate_configs" / "multi_node.yaml"
+MULTI_NODE = ACCELERATE_CONFIGS / "multi_node.yaml"
 
 
 def free_port() -> int:

@@ -1,47 +1,10 @@
 """Population-parallel ES: P processes split the members of every step and end with the 1-process weights."""
 
-import subprocess
-import sys
-from pathlib import Path
-from types import SimpleNamespace
-
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from trl_es.core.distributed import check_population_divides, members_of_this_process
-from trl_es.core.noise import population
-
-SCRIPT = Path(__file__).parent / "scripts" / "train_population.py"
-
-
-CONFIGS = Path(__file__).parents[1] / "examples" / "accelerate_configs"
-
-
-def launch(processes: int, *args, script=SCRIPT, config=None) -> subprocess.CompletedProcess:
-    """`accelerate launch` with one of our configs. The scripts set `use_cpu=True`, so on a machine without GPUs the
-    processes of multi_gpu.yaml become CPU ranks talking over gloo (accelerate's own `--cpu --num_processes 2`
-    starts a single process unless mpirun is set up)."""
-    config = config or ("single_gpu.yaml" if processes == 1 else "multi_gpu.yaml")
-    accelerate = Path(sys.executable).with_name("accelerate")
-    command = [str(accelerate), "launch", "--config_file", str(CONFIGS / config), "--num_processes", str(processes)]
-    return subprocess.run([*command, str(script), *map(str, args)], capture_output=True, text=True, timeout=600)
-
-
-def test_members_are_dealt_round_robin():
-    members = population(0, step=0, population_size=6)
-    shares = [members_of_this_process(SimpleNamespace(process_index=r, num_processes=3), members) for r in range(3)]
-    assert shares == [members[0::3], members[1::3], members[2::3]]
-    rounds = [share[j] for j in range(2) for share in shares]  # round j gathers members jP .. jP + P - 1
-    assert rounds == members
-
-
-def test_population_must_divide_among_processes():
-    check_population_divides(30, 3)
-    with pytest.raises(
-        ValueError, match=r"population_size \(30\) must be a multiple of the number of processes \(4\)"
-    ):
-        check_population_divides(30, 4)
+from scripts.launch import launch
+from scripts.paths import SCRIPTS
 
 
 def needs_vllm():
@@ -77,7 +40,7 @@ def test_ranks_that_diverge_fail_naming_the_step(tmp_path, tiny_model_path):
     assert "At step 2 the processes' ES masters disagree" in run.stdout + run.stderr
 
 
-DEEPSPEED_SCRIPT = Path(__file__).parent / "scripts" / "train_under_deepspeed.py"
+DEEPSPEED_SCRIPT = SCRIPTS / "train_under_deepspeed.py"
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Train ES on the tiny model with however many processes `accelerate launch` starts; write the final weights.
 
-Used by tests/test_population_parallel.py:
+Used by tests/integration/test_multi_process.py and tests/integration/test_multi_node.py:
     accelerate launch --multi_gpu --num_processes P train_population.py MODEL OUTPUT_DIR --prompts_per_step B
 (`--multi_gpu` starts P processes with torch.distributed; `use_cpu=True` in the config makes them CPU/gloo ranks.
 `accelerate launch --cpu --num_processes P` starts a single process unless mpirun is set up.)

@@ -8,14 +8,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from scripts.fast_es import MOVING, fast_es_config, fast_grpo_config
-from test_population_parallel import launch
+from scripts.launch import launch
+from scripts.paths import SCRIPTS
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from trl_es import ESTrainer
-from trl_es.trainer.vllm_engine import release_vllm_engine
 from trl_es.sequential.trainer import SequentialTrainer, Stage
 from trl_es.testing import digit_fraction, digit_prompts
+from trl_es.trainer.vllm_engine import release_vllm_engine
 
 
 class RecordStartWeights(TrainerCallback):
@@ -154,7 +155,7 @@ def test_collecting_a_released_trainer_leaves_the_next_engine_alone(tmp_path, ti
     assert second.state.global_step == 1
 
 
-SEQUENCE_SCRIPT = Path(__file__).parent / "scripts" / "train_sequence.py"
+SEQUENCE_SCRIPT = SCRIPTS / "train_sequence.py"
 
 
 @pytest.mark.slow
