@@ -36,6 +36,7 @@ from ..sequential.trainer import SequentialTrainer, Stage
 from ..trainer.es_config import ESConfig
 from ..trainer.rollouts import tokenize_prompts
 from .judges import Judge, probe_judge
+from .pairs import SOURCES as PAIR_SOURCES
 from .pairs import PairMixture, ReplayBuffer, check_pair_sources
 from .prompts import Prompts, render
 from .rewards import format_reward, policy_reward, rubric_reward
@@ -69,8 +70,8 @@ class EvolmConfig:
         rubric_reward (`str`, *optional*, defaults to `"indicator"`):
             The rubric reward: `"indicator"` 1[J+ > J−] (the authors' default), `"margin"` J+ − J−, or
             `"log_sigmoid"` log σ(J+ − J−) (the paper's objective).
-        pair_weights (`dict[str, float]`, *optional*):
-            Mixture of pair sources: `"temporal"`, `"inferred"`, `"rubric_conditioned"` (equal by default).
+        pair_weights (`dict[str, float]`, *optional*, defaults to equal weights of the three sources):
+            Mixture of pair sources: `"temporal"`, `"inferred"`, `"rubric_conditioned"`.
         replay_maxlen, replay_min_age, replay_max_age (`int`, *optional*, default `2048`, `20`, `100`):
             The replay buffer of (policy step, question, answer) behind temporal contrast, and the age window (in
             policy steps) of the answers it pairs with.
@@ -81,8 +82,10 @@ class EvolmConfig:
             Sampling temperature of the answers and rubrics generated to build the phases' datasets.
         seed (`int`, *optional*, defaults to `42`):
             Seed of dataset building (pair sources, sampling); every ES phase also draws noise of its own.
-        rubric_rules ([`RubricRules`]), prompts ([`Prompts`]):
-            The rubric format check and the prompt templates.
+        rubric_rules ([`RubricRules`], *optional*):
+            The rubric format check.
+        prompts ([`Prompts`], *optional*):
+            The prompt templates.
     """
 
     output_dir: str
@@ -92,9 +95,7 @@ class EvolmConfig:
     rounds: int = 2
     question_column: str = "question"
     rubric_reward: str = "indicator"
-    pair_weights: dict[str, float] = field(
-        default_factory=lambda: {"temporal": 1.0, "inferred": 1.0, "rubric_conditioned": 1.0}
-    )
+    pair_weights: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PAIR_SOURCES, 1.0))
     replay_maxlen: int = 2048
     replay_min_age: int = 20
     replay_max_age: int = 100
