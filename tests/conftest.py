@@ -7,9 +7,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vLLM-CPU engines
 
+import shutil  # noqa: E402
+
 import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from scripts.fast_es import fast_es_config  # noqa: E402
+from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es.testing import build_tiny_tokenizer, save_tiny_model  # noqa: E402
 
@@ -60,3 +62,29 @@ def make_config(tmp_path):
         return fast_es_config(**{"output_dir": tmp_path / "run", **overrides})
 
     return make
+
+
+# A finished run to resume from, shared by the resume tests of tests/core/ and tests/trainer/.
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_path, tmp_path_factory):
+    """A float32 run of two steps with a checkpoint after each: `(output_dir, config overrides)`."""
+    from trl_es import ESTrainer
+    from trl_es.testing import digit_fraction
+
+    output_dir = tmp_path_factory.mktemp("finished-run")
+    overrides = dict(**MOVING, max_steps=2, save_strategy="steps", save_steps=1)
+    dataset = Dataset.from_dict({"prompt": [f"Item {k}:" for k in range(8)]})
+    config = fast_es_config(output_dir, **overrides)
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=dataset).train()
+    return output_dir, overrides
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    """A copy of the finished run's output_dir, free to damage (`scripts/damaged_checkpoints.py`)."""
+    output_dir, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(output_dir, copy)
+    return copy

@@ -69,3 +69,12 @@ def test_a_shared_master_updates_float32_parameters_in_place_and_copies_the_othe
     before = parameters["w"].clone()
     master.apply_update({7: 1.0}, lr=0.1)
     assert not torch.equal(parameters["w"], before)  # the update landed in the parameter itself
+
+
+def test_a_saved_master_of_a_broadcastable_shape_is_refused():
+    master = MasterWeights({"norm.weight": torch.ones(4)}, sigma=0.1)
+    with pytest.raises(ValueError, match=r"'norm.weight' is a torch.float32 tensor of shape \(1,\)"):
+        master.load_state_dict({"norm.weight": torch.zeros(1)})  # copy_ would broadcast it
+    with pytest.raises(ValueError, match="torch.float16"):
+        master.load_state_dict({"norm.weight": torch.zeros(4, dtype=torch.float16)})
+    assert torch.equal(master.tensors["norm.weight"], torch.ones(4))

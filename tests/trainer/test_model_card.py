@@ -1,8 +1,13 @@
 """Model cards: what a reader of the Hub page learns about an ES (or ES-then-GRPO) model, and how it reads."""
 
+from pathlib import Path
+
 import pytest
 from scripts.fast_es import fast_es_config, fast_grpo_config
+from transformers import AutoModelForCausalLM
 
+from trl_es import ESTrainer
+from trl_es.testing import digit_fraction
 from trl_es.trainer.model_card import (
     es_hyperparameters,
     es_papers,
@@ -165,3 +170,16 @@ def test_the_sequential_card_points_at_the_stage_folders_when_they_are_pushed(tm
     assert 'from_pretrained("someone/run", subfolder="stage-0-es")' in content
     assert "| `stage-0-es/` |" in content and "| `stage-1-grpo/` |" in content
     assert "\n\n\n" not in content
+
+
+def test_save_model_writes_an_es_model_card(tiny_model_path, prompts, make_config):
+    config = make_config(max_steps=1)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    trainer.train()
+    trainer.save_model()
+    trainer.create_model_card(model_name="tiny-es")
+    card = (Path(config.output_dir) / "README.md").read_text()
+    assert AutoModelForCausalLM.from_pretrained(config.output_dir) is not None
+    for expected in ("tiny-es", "| `population_size` | `4` |", "| `sigma` | `0.001` |", "2509.24372", "2608.27351"):
+        assert expected in card, expected
+    assert "trl-es" in card and "tags:" in card

@@ -1,4 +1,7 @@
-"""Checkpoints are Hugging Face format, resume continues the same run bit for bit, and failures lose nothing."""
+"""Resuming an ES run (`trl_es.trainer.resume`): checkpoints are Hugging Face format, resume continues the same run
+bit for bit, and failures lose nothing. Resume checks what it loads (issue 16, points 3 and 5): a checkpoint whose
+files do not parse is skipped or refused by name, the float32 master survives a change of dtype, and a changed setting
+is named (a changed learning_rate says that the saved schedule wins)."""
 
 import json
 from pathlib import Path
@@ -6,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from scripts.fast_es import MOVING
+from scripts.damaged_checkpoints import DAMAGES
+from scripts.fast_es import MOVING, fast_es_config
 from transformers import AutoModelForCausalLM
 
 from trl_es import ESTrainer
@@ -116,19 +120,6 @@ def test_resume_true_without_checkpoints_says_so(tiny_model_path, prompts, make_
         trainer.train(resume_from_checkpoint=True)
 
 
-def test_save_model_writes_an_es_model_card(tiny_model_path, prompts, make_config):
-    config = make_config(max_steps=1)
-    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
-    trainer.train()
-    trainer.save_model()
-    trainer.create_model_card(model_name="tiny-es")
-    card = (Path(config.output_dir) / "README.md").read_text()
-    assert AutoModelForCausalLM.from_pretrained(config.output_dir) is not None
-    for expected in ("tiny-es", "| `population_size` | `4` |", "| `sigma` | `0.001` |", "2509.24372", "2608.27351"):
-        assert expected in card, expected
-    assert "trl-es" in card and "tags:" in card
-
-
 @pytest.mark.parametrize(
     ("name", "value"),
     [
@@ -150,16 +141,60 @@ def test_resuming_with_another_run_setting_names_it(tiny_model_path, prompts, ma
         resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / "checkpoint-2"))
 
 
-def test_the_resume_check_compares_every_run_setting_and_only_low_rank_ones_for_low_rank_runs(make_config):
-    from trl_es.trainer.run_settings import LOWRANK_RUN_SETTINGS, RUN_SETTINGS, changed_run_settings, run_settings
+def test_resume_true_with_every_checkpoint_damaged_lists_each_and_why(tiny_model_path, prompts, run_copy):
+    DAMAGES["holds a list"](run_copy / "checkpoint-2")
+    DAMAGES["scheduler.pt"](run_copy / "checkpoint-1")
+    trainer = ESTrainer(
+        model=tiny_model_path, reward_funcs=digit_fraction, args=fast_es_config(run_copy), train_dataset=prompts
+    )
+    with pytest.warns(UserWarning, match="Skipping"), pytest.raises(ValueError) as refused:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(refused.value)
+    assert "No complete checkpoint found" in message
+    assert "checkpoint-2: " in message and "holds a list" in message
+    assert "checkpoint-1: " in message and "scheduler.pt" in message
 
-    full = make_config()
-    saved = run_settings(full)
-    assert set(saved) == set(RUN_SETTINGS) and changed_run_settings(saved, full) == {}
-    lowrank = make_config(perturbation="lowrank", lowrank_rank=2)
-    assert set(run_settings(lowrank)) == set(RUN_SETTINGS) | set(LOWRANK_RUN_SETTINGS)
-    assert changed_run_settings(run_settings(lowrank), make_config(perturbation="lowrank", lowrank_rank=4)) == {
-        "lowrank_rank": (2, 4)
-    }
-    assert changed_run_settings(saved, lowrank) == {"perturbation": ("full", "lowrank")}
-    assert changed_run_settings(json.loads(json.dumps(saved)), full) == {}  # as read back from es_state.json
+
+def test_a_named_damaged_checkpoint_is_refused_with_the_reason(tiny_model_path, prompts, finished_run, run_copy):
+    DAMAGES["model.safetensors"](run_copy / "checkpoint-2")
+    config = fast_es_config(run_copy, **finished_run[1])
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    with pytest.raises(ValueError, match=r"Cannot resume from .*checkpoint-2: .*model.safetensors does not parse"):
+        trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-2"))
+
+
+def test_save_only_model_checkpoints_are_explained_when_none_can_be_resumed(tiny_model_path, prompts, finished_run,
+                                                                          tmp_path):  # fmt: skip
+    config = fast_es_config(tmp_path / "run", **finished_run[1], save_only_model=True)
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "es_state").exists()
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    with (
+        pytest.warns(UserWarning, match="Skipping"),
+        pytest.raises(ValueError, match=r"No complete checkpoint found .*checkpoint-2: .*save_only_model=True"),
+    ):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_a_float32_checkpoint_resumed_in_bfloat16_keeps_its_float32_master(tiny_model_path, prompts, finished_run):
+    output_dir, overrides = finished_run
+    checkpoint = output_dir / "checkpoint-2"
+    config = fast_es_config(output_dir, **overrides, model_init_kwargs={"dtype": "bfloat16"})
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    trainer.train(resume_from_checkpoint=str(checkpoint))  # already at max_steps: loads, makes no step
+    saved = load_file(checkpoint / "model.safetensors")
+    master = trainer.population.master.tensors
+    assert trainer.model.dtype == torch.bfloat16
+    rounded = [name for name in master if not torch.equal(saved[name].bfloat16().float(), saved[name])]
+    assert rounded, "the run must have float32 weights that bfloat16 rounds"
+    assert all(torch.equal(master[name], saved[name]) for name in master)
+
+
+def test_a_changed_learning_rate_warns_that_the_saved_schedule_wins(tiny_model_path, prompts, finished_run, tmp_path):
+    output_dir, overrides = finished_run
+    config = fast_es_config(tmp_path / "resumed", **{**overrides, "learning_rate": 0.5})
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    with pytest.warns(UserWarning, match=r"learning_rate=0.01, with learning_rate=0.5: .*saved schedule wins"):
+        trainer.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))  # at max_steps: loads, no step
+    assert trainer._get_learning_rate() == overrides["learning_rate"]  # what the warning says
