@@ -1,10 +1,13 @@
-"""Bad input gets a clear error that names the problem and the fix."""
+"""What ESTrainer is given, checked before anything is built (`trl_es.trainer.inputs`): bad input gets a clear error
+that names the problem and the fix, at construction where it can be seen there (issue 16, points 4 and 6), instead of
+failing deep inside TRL, transformers or numpy; and an unmodified GRPO script runs after the class swap."""
 
 import pytest
 from datasets import Dataset
 from trl import GRPOConfig
 
 from trl_es import ESTrainer
+from trl_es.testing import digit_fraction
 
 
 def length_reward(completions, **kwargs):
@@ -31,15 +34,6 @@ def test_conversational_prompts_without_a_chat_template(
         train_dataset=conversational_prompts,
     )
     with pytest.raises(ValueError, match="chat_template"):
-        trainer.train()
-
-
-def test_a_reward_function_that_raises_propagates_its_error(tiny_model_path, prompts, make_config):
-    def broken(completions, **kwargs):
-        raise KeyError("answer")
-
-    trainer = ESTrainer(model=tiny_model_path, reward_funcs=broken, args=make_config(), train_dataset=prompts)
-    with pytest.raises(KeyError, match="answer"):
         trainer.train()
 
 
@@ -104,3 +98,17 @@ def test_a_rollout_func_is_refused_naming_the_alternatives(tiny_model_path, prom
             rollout_func=rollout,
         )
     assert "reward function" in str(refused.value) and "GRPOTrainer" in str(refused.value)
+
+
+def test_a_dataset_smaller_than_one_step_is_refused_naming_both_numbers(tiny_model_path, make_config):
+    three_prompts = Dataset.from_dict({"prompt": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match=r"train_dataset has 3 prompts, fewer than the 4 prompts of one ES step"):
+        ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), train_dataset=three_prompts)
+
+
+@pytest.mark.parametrize("split", ["train_dataset", "eval_dataset"])
+def test_a_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model_path, prompts, make_config, split):
+    questions = Dataset.from_dict({"question": [f"Item {k}:" for k in range(8)]})
+    datasets = {"train_dataset": prompts, split: questions}
+    with pytest.raises(ValueError, match=rf"{split} has no 'prompt' column \(its columns: \['question'\]\).*rename"):
+        ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), **datasets)
