@@ -6,7 +6,7 @@ the time; ES then trains it on the verifier's reward alone (`trl_es.tasks.arithm
 were never seen in either phase.
 
 `DemoSettings` holds the demo's settings and `held_out_report` its evaluation; the coverage lab
-(`experiments/coverage_lab.py`) starts from both.
+(`experiments/coverage_lab/`) starts from both.
 """
 
 from __future__ import annotations

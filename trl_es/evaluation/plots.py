@@ -2,7 +2,7 @@
 
 matplotlib is an optional dependency (`pip install trl-es[analysis]`), imported when a plot is drawn; the Agg backend
 writes files without a display. `pyplot` and `save_figure` serve other plots too (the coverage lab's,
-`experiments/coverage_lab.py`).
+`experiments/coverage_lab/`).
 """
 
 from __future__ import annotations
