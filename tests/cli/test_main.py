@@ -1,4 +1,6 @@
-"""`trl-es es`, `trl-es es-then-grpo` and `trl-es grpo-then-es`: launching, accelerate configs and stage configs."""
+"""The `trl-es` command (`trl_es.cli.main`): `trl-es es`, `trl-es es-then-grpo` and `trl-es grpo-then-es` launching
+through accelerate with our configs, and end to end on CPU, `trl-es evolm` included. The stage configs are tested in
+tests/sequential/test_stage_configs.py."""
 
 import json
 import os
@@ -8,103 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from trl import DatasetMixtureConfig, GRPOConfig
+from scripts.paths import ACCELERATE_CONFIGS, REPO
+from trl import GRPOConfig
 
-from trl_es import ESConfig
-from trl_es.cli.es import ESScriptArguments, load_datasets, load_reward_funcs
 from trl_es.cli.main import TRAINING_COMMANDS, accelerate_launch_args, main, resolve_accelerate_config_argument
-from trl_es.sequential.stage_configs import ES_REDEFINED_FIELDS, SequenceArguments, stage_configs
-
-REPO = Path(__file__).parents[1]
-CONFIGS = REPO / "examples" / "accelerate_configs"
-
-
-def es_args(tmp_path, **overrides) -> ESConfig:
-    settings = dict(output_dir=str(tmp_path / "run"), use_cpu=True, per_device_train_batch_size=8, report_to="none")
-    return ESConfig(**{**settings, **overrides})
-
-
-# Stage configs
-
-
-def test_es_redefined_fields_are_the_ones_whose_defaults_differ():
-    assert {"learning_rate", "lr_scheduler_type", "num_generations", "temperature"} <= set(ES_REDEFINED_FIELDS)
-    assert {"bf16", "disable_dropout"} <= set(ES_REDEFINED_FIELDS)
-    assert "max_steps" not in ES_REDEFINED_FIELDS
-
-
-def test_the_grpo_stage_keeps_grpo_defaults_for_the_fields_es_redefines(tmp_path):
-    args = es_args(tmp_path, learning_rate=1e-3, temperature=0.5, lr_scheduler_type="cosine", disable_dropout=False)
-    with pytest.warns(UserWarning, match="configure the ES stage only: .*learning_rate=0.001"):
-        es_stage, grpo_stage = stage_configs(args, "es-then-grpo")
-    assert isinstance(es_stage, ESConfig) and type(grpo_stage) is GRPOConfig
-    assert (es_stage.learning_rate, es_stage.temperature, es_stage.num_generations) == (1e-3, 0.5, 1)
-    defaults = GRPOConfig(output_dir=str(tmp_path), use_cpu=True)
-    for name in ("learning_rate", "lr_scheduler_type", "num_generations", "temperature", "disable_dropout"):
-        assert getattr(grpo_stage, name) == getattr(defaults, name), name
-
-
-def test_the_grpo_stage_copies_the_other_flags(tmp_path):
-    args = es_args(tmp_path, max_steps=7, max_completion_length=12, seed=3, top_p=0.9, beta=0.04)
-    _, grpo_stage = stage_configs(args)
-    assert (grpo_stage.max_steps, grpo_stage.max_completion_length, grpo_stage.seed) == (7, 12, 3)
-    assert (grpo_stage.top_p, grpo_stage.beta, grpo_stage.use_cpu, grpo_stage.per_device_train_batch_size) == (
-        0.9,
-        0.04,
-        True,
-        8,
-    )
-    assert grpo_stage.output_dir == args.output_dir and not grpo_stage.push_to_hub
-
-
-def test_without_overrides_the_es_stage_is_the_parsed_config(tmp_path):
-    args = es_args(tmp_path, population_size=6, sigma=0.01, max_steps=3, temperature=0.7, model_init_kwargs={"a": 1})
-    es_stage, _ = stage_configs(args)
-    assert es_stage.to_dict() == args.to_dict()
-
-
-def test_overrides_set_fields_of_their_stage_only(tmp_path):
-    args = es_args(tmp_path, max_steps=5)
-    es_stage, grpo_stage = stage_configs(
-        args,
-        es_overrides={"max_steps": 3, "sigma": 0.01},
-        grpo_overrides='{"learning_rate": 2e-6, "max_steps": 50, "num_generations": 4}',
-    )
-    assert (es_stage.max_steps, es_stage.sigma, es_stage.learning_rate) == (3, 0.01, 5e-4)
-    assert (grpo_stage.max_steps, grpo_stage.learning_rate, grpo_stage.num_generations) == (50, 2e-6, 4)
-
-
-def test_grpo_then_es_puts_the_grpo_stage_first(tmp_path):
-    stages = stage_configs(es_args(tmp_path), "grpo-then-es")
-    assert [type(stage) for stage in stages] == [GRPOConfig, ESConfig]
-    with pytest.raises(ValueError, match="Unknown order 'es-then-sft': use one of es-then-grpo, grpo-then-es"):
-        stage_configs(es_args(tmp_path), "es-then-sft")
-
-
-def test_an_unknown_override_key_names_the_key_and_the_field_it_meant(tmp_path):
-    with pytest.raises(ValueError, match=r"grpo_overrides has the key 'learning_rat'.*Did you mean 'learning_rate'"):
-        stage_configs(es_args(tmp_path), grpo_overrides={"learning_rat": 1e-6})
-    with pytest.raises(ValueError, match=r"population_size is an ES field: set it as a top-level flag .*es_overrides"):
-        stage_configs(es_args(tmp_path), grpo_overrides={"population_size": 8})
-
-
-def test_overrides_are_read_from_json_and_yaml_number_strings():
-    sequence = SequenceArguments(order="grpo-then-es", grpo_overrides='{"max_steps": 50}', es_overrides=None)
-    assert (sequence.grpo_overrides, sequence.es_overrides) == ({"max_steps": 50}, {})
-    # YAML reads `1e-6` as a string; the override converts it as the command line would.
-    assert SequenceArguments(grpo_overrides={"learning_rate": "1e-6", "bf16": "false"}).grpo_overrides == {
-        "learning_rate": 1e-6,
-        "bf16": False,
-    }
-    with pytest.raises(ValueError, match=r"grpo_overrides is not valid JSON .*--grpo_overrides '\{"):
-        SequenceArguments(grpo_overrides="{max_steps: 50}")
-
-
-def test_an_invalid_grpo_stage_says_to_use_grpo_overrides(tmp_path):
-    args = es_args(tmp_path, per_device_train_batch_size=4)  # GRPO's 8 completions per prompt do not fit
-    with pytest.raises(ValueError, match=r"(?s)The GRPO stage's GRPOConfig is invalid: .*--grpo_overrides"):
-        stage_configs(args)
-
 
 # Launching
 
@@ -118,7 +27,7 @@ def test_accelerate_config_name_becomes_our_config_file():
     script = str(REPO / "trl_es" / "cli" / "es.py")
     assert args == [
         "--config_file",
-        str(CONFIGS / "multi_gpu.yaml"),
+        str(ACCELERATE_CONFIGS / "multi_gpu.yaml"),
         "--num_processes",
         "2",
         script,
@@ -154,28 +63,11 @@ def test_yaml_keys_the_script_does_not_take_go_to_accelerate(tmp_path):
         "output_dir: out\nnum_processes: 2\naccelerate_config: multi_gpu\ngrpo_overrides:\n  learning_rate: 1e-6\n"
     )
     args = launch_args("es-then-grpo", "--config", str(config))
-    assert args[:4] == ["--config_file", str(CONFIGS / "multi_gpu.yaml"), "--num_processes", "2"]
+    assert args[:4] == ["--config_file", str(ACCELERATE_CONFIGS / "multi_gpu.yaml"), "--num_processes", "2"]
     assert args[4:] == [str(REPO / "trl_es" / "cli" / "sequential.py"), "--config", str(config)] + [
         "--order",
         "es-then-grpo",
     ]
-
-
-def test_an_unknown_dataset_lists_the_built_in_tasks(tmp_path):
-    script_args = ESScriptArguments(dataset_name=str(tmp_path / "missing"))
-    with pytest.raises(RuntimeError, match="built-in task: openai/gsm8k, reasoning-gym/gsm_symbolic"):
-        load_datasets(script_args, DatasetMixtureConfig(), seed=0, with_eval=False)
-
-
-def test_the_arithmetic_task_and_its_reward_are_built_in_when_their_module_is_there():
-    pytest.importorskip("trl_es.tasks.arithmetic")
-    script_args = ESScriptArguments(
-        dataset_name="arithmetic", num_offline_problems=4, reward_funcs=["arithmetic_reward"]
-    )
-    train_dataset, eval_dataset = load_datasets(script_args, DatasetMixtureConfig(), seed=0, with_eval=True)
-    assert len(train_dataset) == 4 and {"prompt", "answer"} <= set(train_dataset.column_names)
-    assert len(eval_dataset) == 4  # the `test` split
-    assert [func.__name__ for func in load_reward_funcs(script_args)] == ["arithmetic_reward"]
 
 
 # End to end: the command, accelerate launch and the script, on CPU
