@@ -1,9 +1,8 @@
-"""The embedded arithmetic task: problems, splits, the verifier, and the script that pretrains the demo model."""
+"""The embedded arithmetic task (`trl_es.tasks.arithmetic`): problems, splits and the verifier. The script that
+pretrains the demo model on it is tested in tests/demo/test_pretrain.py."""
 
 import pytest
-import torch
 
-from trl_es.demo.pretrain import MISREAD_FRACTION, pretrain, written_answer
 from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer, problem
 
 
@@ -27,12 +26,6 @@ def test_answers_are_right_and_misread_answers_use_the_other_operation():
             assert (drawn.answer, drawn.misread_answer) == (a + b, abs(a - b))
 
 
-def test_pretraining_text_misreads_about_the_stated_fraction_of_problems():
-    misread = [written_answer(i) != problem("pretrain", i).answer for i in range(2_000)]
-    # a misread of a + 0 or a - 0 gives the right answer, so slightly fewer than MISREAD_FRACTION differ
-    assert MISREAD_FRACTION - 0.1 < sum(misread) / len(misread) <= MISREAD_FRACTION + 0.03
-
-
 @pytest.mark.parametrize(
     "completion, expected", [(" 42", "42"), (" 7 apples", "7"), (" 007", "7"), (" none", None), ("", None)]
 )
@@ -53,18 +46,3 @@ def test_dataset_has_prompts_and_answers_and_refuses_too_many_held_out_problems(
         arithmetic_dataset("test", 20_000)
     with pytest.raises(ValueError, match="'validation'"):
         problem("validation", 0)
-
-
-def test_pretraining_is_deterministic(tmp_path):
-    weights = []
-    for run in ("a", "b"):
-        model_dir = pretrain(tmp_path / run, max_steps=3, batch_size=8, num_examples=64, log=lambda *args: None)
-        weights.append(_state(model_dir))
-    assert weights[0].keys() == weights[1].keys()
-    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
-
-
-def _state(model_dir):
-    from safetensors.torch import load_file
-
-    return load_file(model_dir / "model.safetensors")
