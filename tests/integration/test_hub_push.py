@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from hub_server import FakeHub
 from huggingface_hub import ModelCard
+from scripts.paths import SCRIPTS
 
-SCRIPT = Path(__file__).parent / "scripts" / "push_to_hub.py"
+SCRIPT = SCRIPTS / "push_to_hub.py"
 MODEL_FILES = {
     "README.md",
     "chat_template.jinja",

@@ -1,6 +1,7 @@
 """An EVOLM run (ES policy and rubric phases) on the tiny model; optionally SIGKILLed in the middle of a phase.
 
-Used by tests/test_evolm_trainer.py: python evolm_until_killed.py MODEL OUTPUT_DIR [--kill-in-phase I --kill-at-step S]
+Used by tests/integration/test_faults.py:
+    python evolm_until_killed.py MODEL OUTPUT_DIR [--kill-in-phase I --kill-at-step S]
 Running the same command again resumes.
 """
 

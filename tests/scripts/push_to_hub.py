@@ -1,6 +1,6 @@
 """Train the tiny model and push it to the Hub that HF_ENDPOINT names: ESTrainer, then a SequentialTrainer.
 
-Used by tests/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests/hub_server.py):
+Used by tests/integration/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests/hub_server.py):
     python push_to_hub.py MODEL WORK_DIR
 - `es-tiny`: ESTrainer with `push_to_hub=True` and `hub_strategy="checkpoint"` (a push at every save, the last
   checkpoint under `last-checkpoint/`), then `trainer.push_to_hub(dataset_name=...)`;

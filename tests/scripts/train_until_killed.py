@@ -1,6 +1,7 @@
 """Train ES on the tiny model in a subprocess; optionally SIGKILL the process in the middle of a step.
 
-Used by tests/test_faults.py: python train_until_killed.py MODEL OUTPUT_DIR [--kill-at-reward-call N] [--resume]
+Used by tests/integration/test_faults.py:
+    python train_until_killed.py MODEL OUTPUT_DIR [--kill-at-reward-call N] [--resume]
 """
 
 import argparse

@@ -2,13 +2,13 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from scripts.paths import EXAMPLES
 
 from trl_es.tasks.gsm8k import OFFLINE_DATASET, gsm8k_dataset, gsm8k_solution
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "es_gsm8k.py"
+EXAMPLE = EXAMPLES / "es_gsm8k.py"
 
 
 def test_gsm8k_solution_is_the_final_number():
