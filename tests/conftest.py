@@ -1,4 +1,7 @@
-"""Shared fixtures: tiny models and datasets built locally once per test session (nothing is downloaded)."""
+"""Shared fixtures: tiny models and datasets built locally once per test session (nothing is downloaded); and the
+order of the modules that start a vLLM engine in this process (`pytest_collection_modifyitems`).
+
+This folder is on `sys.path` (it has no `__init__.py`), so tests in every folder import `scripts.<helper>`."""
 
 import os
 
@@ -8,12 +11,36 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vLLM-CPU engines
 
 import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es.testing import build_tiny_tokenizer, save_tiny_model  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+# The modules that start a vLLM engine in this process run last, in this order, wherever their folders sort:
+# - TRL's colocated engine writes RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT into this process's
+#   environment, and the processes that later tests launch inherit them (`accelerate launch` then fails with
+#   EADDRINUSE): every test that launches processes runs before the first engine starts;
+# - vLLM holds one in-process engine at a time: each of these modules releases its engine when it ends (an engine torn
+#   down later destroys the process groups of the next one), and the next module starts its own.
+# It is the order in which they ran, and passed, when tests/ was one flat folder (sorted by file name);
+# backends/test_vllm_server.py, whose server is a subprocess of its own, has always come after them.
+VLLM_ENGINE_MODULES = (
+    "sequential/test_sequential_trainer.py",
+    "backends/test_vllm_colocate.py",
+    "integration/test_vllm_grpo_coverage.py",
+    "backends/test_vllm_lora.py",
+    "backends/test_vllm_server.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    last = {TESTS / module: rank for rank, module in enumerate(VLLM_ENGINE_MODULES)}
+    items.sort(key=lambda item: last.get(Path(item.path).resolve(), -1))  # stable: the other tests keep their order
 
 
 @pytest.fixture(scope="session")

