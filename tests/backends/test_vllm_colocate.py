@@ -12,12 +12,12 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test inst
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
-from trl_es.trainer.vllm_engine import release_vllm_engine  # noqa: E402
 from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
 from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
-from trl_es.trainer.callbacks import sampler_for  # noqa: E402
 from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
+from trl_es.trainer.callbacks import sampler_for  # noqa: E402
+from trl_es.trainer.vllm_engine import release_vllm_engine  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -35,8 +35,8 @@ from trl_es.backends.vllm_server import (  # noqa: E402
 from trl_es.core.consistency import master_digest  # noqa: E402
 from trl_es.core.master import MasterWeights  # noqa: E402
 from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
-from trl_es.trainer.callbacks import sampler_for  # noqa: E402
 from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
+from trl_es.trainer.callbacks import sampler_for  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -6,8 +6,8 @@ from trl import GRPOTrainer
 
 from trl_es import ESTrainer
 from trl_es.demo.run import DEMO_MODEL
-from trl_es.trainer.callbacks import CoverageEvalCallback
 from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward, extract_answer
+from trl_es.trainer.callbacks import CoverageEvalCallback
 
 EXPECTED = {"eval_arithmetic_greedy_accuracy", "eval_arithmetic_pass@1", "eval_arithmetic_pass@2"}
 EXPECTED |= {"eval_arithmetic_maj@1", "eval_arithmetic_maj@2", "eval_arithmetic_entropy"}
