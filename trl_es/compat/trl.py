@@ -18,7 +18,7 @@ import torch
 
 from .vllm import shutdown_engine
 
-# The TRL privates used here, by function (kept in sync with tests/test_trl_compat.py).
+# The TRL privates used here, by function (kept in sync with tests/compat/test_trl.py).
 PRIVATE_NAMES = {
     "calculate_rewards": ["GRPOTrainer._calculate_rewards"],
     "take_reward_logs": ["GRPOTrainer._pending_metrics", "GRPOTrainer._pending_extra_logs"],
