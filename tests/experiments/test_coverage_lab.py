@@ -5,9 +5,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from scripts.paths import REPO
 
 from experiments.coverage_lab.cli import main, parse_args
 from experiments.coverage_lab.report import render_markdown
@@ -15,8 +15,6 @@ from experiments.coverage_lab.settings import METHODS, LabSettings, quick_settin
 from experiments.coverage_lab.training import es_config
 from experiments.harness import load_average, spread
 from trl_es.demo.run import DEMO
-
-REPO = Path(__file__).parents[1]
 
 
 def test_the_grpo_budget_equals_the_es_budget():

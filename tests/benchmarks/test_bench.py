@@ -3,15 +3,15 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from scripts.paths import REPO
 
 from benchmarks.options import parse_args
 from benchmarks.sections.overhead import parse_setting
 from benchmarks.trainers import even_token_fraction
 
-BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
+BENCH = REPO / "benchmarks" / "bench.py"
 
 TINY = ["--preset", "tiny", "--populations", "2", "--batch_sizes", "2", "--model_sizes", "tiny", "--scale_model",
         "tiny", "--sections", "memory", "speed", "lowrank", "processes", "scale"]  # fmt: skip

@@ -8,7 +8,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_check.sh"
+from scripts.paths import REPO
+
+SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 REQUIRED_KEYS = [
     "overhead_ratio_es_over_generation",
     "overhead_ratio_es_over_generation_small_batch",

@@ -1,12 +1,11 @@
 """The rubric lab (`python -m experiments.rubric_lab`): equal budgets, and a measured report from a real (tiny) run."""
 
 from dataclasses import replace
-from pathlib import Path
+
+from scripts.paths import REPO
 
 from experiments.rubric_lab.cli import main, run_lab
 from experiments.rubric_lab.settings import METHODS, RubricLabSettings, quick_settings
-
-REPO = Path(__file__).parents[1]
 
 
 def test_methods_without_rubric_phases_spend_evolms_budget():
