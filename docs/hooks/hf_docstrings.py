@@ -38,15 +38,9 @@ def _indent(line: str) -> int:
 
 def split_top_level(text: str, separator: str = ",") -> list[str]:
     """`text` split at `separator` outside parentheses, brackets and backticks."""
-    parts, depth, in_code, current = [], 0, False, []
-    for char in text:
-        if char == "`":
-            in_code = not in_code
-        elif not in_code and char in "([":
-            depth += 1
-        elif not in_code and char in ")]":
-            depth -= 1
-        if char == separator and depth == 0 and not in_code:
+    parts, current = [], []
+    for _, char, top_level in _scan(text):
+        if char == separator and top_level:
             parts.append("".join(current).strip())
             current = []
         else:
@@ -57,6 +51,12 @@ def split_top_level(text: str, separator: str = ",") -> list[str]:
 
 def header_colon(text: str) -> int:
     """Index of the colon that ends an item's header (outside parentheses, brackets and backticks), or -1."""
+    return next((index for index, char, top_level in _scan(text) if char == ":" and top_level), -1)
+
+
+def _scan(text: str):
+    """Each `(index, char, top_level)` of `text`: whether the character stands outside parentheses, brackets and
+    backticks."""
     depth, in_code = 0, False
     for index, char in enumerate(text):
         if char == "`":
@@ -65,9 +65,7 @@ def header_colon(text: str) -> int:
             depth += 1
         elif not in_code and char in ")]":
             depth -= 1
-        elif char == ":" and depth == 0 and not in_code:
-            return index
-    return -1
+        yield index, char, depth == 0 and not in_code
 
 
 def annotation(type_text: str) -> str:
