@@ -24,6 +24,7 @@ from trl_es.evolm.judges import (
     HFJudge,
     Judge,
     JudgeError,
+    JudgePanel,
     OpenAIJudge,
     check_judge_is_not,
     parse_judge_output,
@@ -148,6 +149,7 @@ class StubServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
                     stub.posts.append((self.path, body))
+                    stub.authorizations.append(self.headers.get("Authorization"))
                     stub.active += 1
                     stub.peak = max(stub.peak, stub.active)
                     status, answer = stub.answers.pop(0) if len(stub.answers) > 1 else stub.answers[0]
@@ -168,7 +170,7 @@ class StubServer:
     def reset(self, answers=None, delay=0.0):
         """`answers`: `(status, body)` per POST in turn, the last one repeating."""
         self.answers, self.delay = answers or [(200, chat_reply(GOOD_ANSWER))], delay
-        self.posts, self.gets, self.active, self.peak = [], 0, 0, 0
+        self.posts, self.gets, self.active, self.peak, self.authorizations = [], 0, 0, 0, []
 
     @staticmethod
     def reply(handler, status, body):
@@ -472,3 +474,50 @@ def test_check_judge_is_not_refuses_the_trained_model_and_accepts_a_separate_cop
             check_judge_is_not(same, judge_model)
     check_judge_is_not(judge, copy.deepcopy(judge_model))
     check_judge_is_not(OpenAIJudge("http://127.0.0.1:8001"), judge_model)  # a remote judge shares nothing
+
+
+# An API key, and a panel of judges
+
+
+def test_openai_judge_sends_the_api_key_of_its_environment_variable_and_never_shows_it(
+    stub, make_judge, monkeypatch, caplog
+):
+    secret = "sk-test-0123456789abcdef"
+    monkeypatch.setenv("TRL_ES_TEST_JUDGE_KEY", secret)
+    judge = make_judge(stub.url, model="stub-judge", api_key_env="TRL_ES_TEST_JUDGE_KEY", retries=0)
+    assert score_all(judge, [ITEM]) == [0.8]
+    assert stub.authorizations == [f"Bearer {secret}"]
+    stub.reset([(500, "the server broke")])
+    with caplog.at_level("DEBUG"), pytest.raises(JudgeError) as probe_error:
+        probe_judge(judge)
+    shown = [repr(judge), judge.last_error, str(probe_error.value), caplog.text, json.dumps(judge.stats.as_dict())]
+    assert all(secret not in text for text in shown), shown
+
+
+def test_openai_judge_refuses_an_api_key_variable_that_is_unset(monkeypatch):
+    monkeypatch.delenv("TRL_ES_TEST_JUDGE_KEY", raising=False)
+    with pytest.raises(JudgeError, match=r"\$TRL_ES_TEST_JUDGE_KEY, which is unset or empty"):
+        OpenAIJudge("http://127.0.0.1:1", api_key_env="TRL_ES_TEST_JUDGE_KEY")
+
+
+def test_a_judge_panel_reduces_the_members_scores_and_leaves_failures_out():
+    class Fixed:
+        def __init__(self, scores):
+            self.scores, self.last_error = scores, "down"
+
+        async def score(self, question, rubric, response):
+            return self.scores.get(response)
+
+    members = [Fixed({"a": 0.2, "b": 0.9}), Fixed({"a": 0.4}), Fixed({"a": 1.0, "b": 0.1})]
+    mean, median = JudgePanel(members), JudgePanel(members, reduce="median")
+    assert isinstance(mean, Judge)
+    assert score_all(mean, items_of(["a", "b", "c"])) == pytest.approx([1.6 / 3, 0.5, None])
+    assert score_all(median, items_of(["a", "b"])) == pytest.approx([0.4, 0.5])
+    assert mean.stats.failures == 1 and mean.last_error.count("down") == 3
+
+
+def test_a_judge_panel_needs_members_and_a_known_reduction():
+    with pytest.raises(JudgeError, match="at least one judge"):
+        JudgePanel([])
+    with pytest.raises(JudgeError, match="reduce must be one of"):
+        JudgePanel([FakeJudge()], reduce="max")

@@ -6,12 +6,14 @@
   [`probe_judge`] (a startup check that fails loudly, showing what the judge answered);
 - `http.py`: [`OpenAIJudge`], an OpenAI-compatible server (`vllm serve Qwen/Qwen3-1.7B --port 8001`), over `aiohttp`;
 - `hf.py`: [`HFJudge`], an in-process Hugging Face model, generating (`mode="generate"`) or reading the score's digit
-  probabilities in one forward pass (`mode="logprob"`), and [`check_judge_is_not`].
+  probabilities in one forward pass (`mode="logprob"`), and [`check_judge_is_not`];
+- `panel.py`: [`JudgePanel`], several judges scoring as one (mean or median).
 """
 
 from .base import PARSE_FAILURE, Judge, JudgeError, JudgeStats, parse_judge_output
 from .hf import SCORE_PREFIX, HFJudge, check_judge_is_not
 from .http import OpenAIJudge
+from .panel import JudgePanel
 from .running import PROBE_QUESTION, PROBE_RESPONSE, PROBE_RUBRIC, probe_judge, score_all
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "HFJudge",
     "Judge",
     "JudgeError",
+    "JudgePanel",
     "JudgeStats",
     "OpenAIJudge",
     "check_judge_is_not",

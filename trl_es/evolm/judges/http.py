@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import weakref
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -58,6 +59,10 @@ class OpenAIJudge:
             would otherwise use up `max_tokens`.
         backoff (`float`, *optional*, defaults to `0.5`):
             Seconds before the first retry.
+        api_key_env (`str`, *optional*):
+            The environment variable holding the server's API key (e.g. `"OPENAI_API_KEY"`), sent as
+            `Authorization: Bearer <key>`. The key is read once, here, and is never part of the judge's repr, its
+            errors or anything it logs; the variable must be set and non-empty.
 
     Attributes:
         stats ([`JudgeStats`]): counts of requests and failures.
@@ -87,8 +92,10 @@ class OpenAIJudge:
         chat: bool = True,
         chat_template_kwargs: dict | None = None,
         backoff: float = 0.5,
+        api_key_env: str | None = None,
     ):
         self.base_url = _server_root(base_url)
+        self._headers = _authorization(api_key_env)
         check_positive(max_concurrency=max_concurrency, timeout=timeout, max_tokens=max_tokens)
         if retries < 0 or backoff < 0:
             raise JudgeError(f"retries and backoff must be >= 0, got retries={retries}, backoff={backoff}.")
@@ -133,7 +140,7 @@ class OpenAIJudge:
         loop = asyncio.get_running_loop()
         if loop not in self._connections:
             aiohttp = _import_aiohttp()
-            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self._headers)
             self._connections[loop] = _Connection(session, asyncio.Semaphore(self.max_concurrency))
         return self._connections[loop]
 
@@ -217,6 +224,19 @@ class OpenAIJudge:
         self.stats.failures += 1
         self.last_error = reason
         return None
+
+
+def _authorization(api_key_env: str | None) -> dict[str, str]:
+    """The request headers that carry the key in `$api_key_env` (none without one)."""
+    if api_key_env is None:
+        return {}
+    key = os.environ.get(api_key_env, "")
+    if not key.strip():
+        raise JudgeError(
+            f"OpenAIJudge(api_key_env={api_key_env!r}) reads the server's API key from ${api_key_env}, which is unset "
+            f"or empty. Export it (`export {api_key_env}=...`), or leave api_key_env unset for a server without one."
+        )
+    return {"Authorization": f"Bearer {key.strip()}"}
 
 
 def _server_root(base_url: str) -> str:
