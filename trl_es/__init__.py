@@ -18,7 +18,7 @@ _EXPORTS = {
     "SequentialTrainer": "trl_es.sequential.trainer",
     "Stage": "trl_es.sequential.trainer",
     "CoverageEvalCallback": "trl_es.trainer.callbacks",
-    "EvolmConfig": "trl_es.evolm.trainer",
+    "EvolmConfig": "trl_es.evolm.config",
     "EvolmTrainer": "trl_es.evolm.trainer",
     "CoverageReport": "trl_es.evaluation.coverage",
     "coverage_report": "trl_es.evaluation.coverage",
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from .backends.base import PopulationBackend
     from .evaluation.coverage import CoverageReport, coverage_report
     from .evaluation.metrics import js_diversity, maj_at_k, pass_at_k
-    from .evolm.trainer import EvolmConfig, EvolmTrainer
+    from .evolm.config import EvolmConfig
+    from .evolm.trainer import EvolmTrainer
     from .sequential.trainer import SequentialTrainer, Stage
     from .trainer.callbacks import CoverageEvalCallback
     from .trainer.es_config import ESConfig

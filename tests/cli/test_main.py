@@ -168,6 +168,7 @@ def test_trl_es_evolm_runs_policy_and_rubric_phases_with_an_in_process_judge(tmp
         *("--model_name_or_path", tiny_model_path, "--dataset_name", str(data)),
         *("--judge_model", str(judge), "--judge_mode", "logprob"),
         *("--rounds", "1", "--rubric_overrides", '{"num_generations": 2, "bf16": false}'),
+        *("--format_reward_weight", "0.5", "--pair_weights", '{"inferred": 1, "rubric_conditioned": 1}'),
         *("--output_dir", str(tmp_path / "run"), "--num_processes", "1"),
         *[item for name, value in flags.items() for item in (f"--{name}", str(value))],
         cwd=tmp_path,
@@ -175,3 +176,5 @@ def test_trl_es_evolm_runs_policy_and_rubric_phases_with_an_in_process_judge(tmp
     policy, rubric = tmp_path / "run" / "stage-0-policy-es", tmp_path / "run" / "stage-1-rubric-grpo"
     assert (policy / "final" / "model.safetensors").is_file() and (rubric / "final" / "model.safetensors").is_file()
     assert saved_args(policy / "final").population_size == 4 and saved_args(rubric / "final").num_generations == 2
+    assert saved_args(rubric / "final").reward_weights == [1.0, 0.5]  # the rubric reward's and the format reward's
+    assert json.loads((rubric / "phase.json").read_text())["stats"]["temporal"]["built"] == 0

@@ -73,6 +73,55 @@ def test_bad_configurations_are_refused_with_the_fix(tmp_path):
         config(tmp_path, schedule="sequential", pair_weights={"temporal": 1.0})
 
 
+def test_temperatures_and_rubric_reward_weights_are_checked_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="inference_temperature must be a finite number >= 0"):
+        config(tmp_path, inference_temperature=-0.1)
+    with pytest.raises(ValueError, match="reward weights are all 0"):
+        config(tmp_path, rubric_reward_weight=0.0, format_reward_weight=0.0)
+    with pytest.raises(ValueError, match="Set those instead"):
+        config(tmp_path, rubric_args=fast_es_config(tmp_path / "unused", max_steps=1, reward_weights=[1.0, 1.0]))
+    with pytest.raises(ValueError, match="Set rubric_temperature instead"):
+        config(tmp_path, rubric_args=fast_es_config(tmp_path / "unused", max_steps=1, temperature=1.0))
+    with pytest.raises(ValueError, match="invalid_rubric_score must be finite"):
+        config(tmp_path, invalid_rubric_score=float("-inf"))
+
+
+def test_an_es_rubric_phase_samples_the_rubrics_policy_phases_read_and_weighs_its_rewards(tmp_path):
+    args = config(tmp_path, rubric_temperature=0.7, format_reward_weight=0.25)
+    phase_args = args.rubric_phase_args()
+    assert phase_args.temperature == 0.7 and phase_args.reward_weights == [1.0, 0.25]
+    assert args.rubric_args.temperature == 0.0 and args.rubric_args.reward_weights is None  # the user's config
+    grpo = config(tmp_path, rubric_args=fast_grpo_config(tmp_path / "unused", max_steps=1)).rubric_phase_args()
+    assert grpo.temperature == fast_grpo_config(tmp_path / "unused").temperature  # GRPO samples its own group
+
+
+def test_phase_datasets_sample_rubrics_answers_and_inferred_questions_at_their_temperatures(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    temperatures = {}
+    generator = EvolmTrainer._generator
+
+    def recording(self, model, label, temperature, **kwargs):
+        temperatures[label] = temperature
+        return generator(self, model, label, temperature, **kwargs)
+
+    monkeypatch.setattr(EvolmTrainer, "_generator", recording)
+    args = config(tmp_path, rubric_temperature=0.6, answer_temperature=0.9, inference_temperature=0.2)
+    trainer = EvolmTrainer(tiny_model_path, LengthJudge(), args, questions())
+    trainer._policy_dataset(tiny_model_path, Path(args.output_dir) / "stage-0-policy-es")
+    trainer._rubric_dataset(tiny_model_path, Path(args.output_dir) / "stage-1-rubric-es")
+    assert temperatures == {
+        "stage-0-policy-es/rubrics": 0.6,
+        "stage-0-policy-es/answers": 0.9,
+        "stage-1-rubric-es": 0.9,
+        "stage-1-rubric-es/rubrics": 0.6,
+        "stage-1-rubric-es/inference": 0.2,
+    }
+    for phase in ("stage-0-policy-es", "stage-1-rubric-es"):  # each logs how it found both roles, verifier-free
+        diagnostics = json.loads((Path(args.output_dir) / phase / "phase.json").read_text())["diagnostics"]
+        assert set(diagnostics) == {"rubric_valid_rate", "rubric_answer_agreement"}
+
+
 def test_a_training_set_without_the_question_column_is_refused(tmp_path, tiny_model_path):
     with pytest.raises(ValueError, match="'question' column"):
         EvolmTrainer(tiny_model_path, LengthJudge(), config(tmp_path), Dataset.from_dict({"prompt": ["q"]}))

@@ -192,6 +192,14 @@ def test_inferred_question_answers_the_question_inferred_from_the_answer():
     assert stats == PairStats(built=2)
 
 
+def test_inferred_question_infers_with_its_own_generate_when_given_one():
+    generate, infer = FakeGenerate(), FakeGenerate()
+    inferred_question(["q1"], ["answer 1"], generate, infer=infer)
+    inference_prompt = render(PROMPTS.infer_question, response="answer 1")
+    assert infer.calls == [[inference_prompt]]
+    assert generate.calls == [[render(PROMPTS.policy, question=completion(inference_prompt))]]
+
+
 def test_inferred_question_sees_the_answer_without_its_reasoning():
     generate = FakeGenerate(lambda prompt: "<think>hmm</think> What is 6 times 7?")
     inferred_question(["What is 6*7?"], ["<think>The question asks 6*7.</think>\n42"], generate)

@@ -217,6 +217,12 @@ def test_an_invalid_rubric_scores_below_every_valid_one_in_every_mode():
         assert values[0] <= values[1], mode
 
 
+def test_an_invalid_rubric_scores_the_invalid_score_given():
+    reward = rubric_reward(KeywordJudge(), mode="margin", invalid_score=-0.25)
+    values, _ = _call(reward, [INVALID, RUBRIC], question=["Q"] * 2, chosen=["because"] * 2, rejected=["19"] * 2)
+    assert values[0] == -0.25 and values[1] != -0.25
+
+
 def test_a_failure_on_the_rejected_answer_is_none_too():
     reward = rubric_reward(KeywordJudge(), mode="margin")
     values, logged = _call(reward, [RUBRIC], question=["Q"], chosen=["19"], rejected=[FAIL])

@@ -56,6 +56,7 @@ def main():
         rounds=1,
         replay_min_age=0,
         max_judge_failure_rate=1.0,
+        rubric_temperature=MOVING["temperature"],  # the ES rubric phase samples its rubrics as policy phases read them
     )
     questions = Dataset.from_dict({"question": [f"What is {k} plus {k}?" for k in range(8)]})
     callbacks = [KillAt(cli.kill_in_phase, cli.kill_at_step)]

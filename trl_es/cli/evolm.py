@@ -39,6 +39,20 @@ class EvolmArguments:
             Train each role with ES or GRPO.
         policy_overrides, rubric_overrides (`dict` or `str`, *optional*):
             Config fields of one role only.
+        judge_panel_urls (`list[str]`, *optional*):
+            Several OpenAI-compatible judge servers scoring as a panel (`JudgePanel`), instead of `judge_url`.
+        judge_panel_reduce (`str`, *optional*, defaults to `"mean"`):
+            How a panel combines its judges' scores: `"mean"` or `"median"`.
+        judge_api_key_env (`str`, *optional*):
+            The environment variable holding the judge servers' API key (never logged).
+        pair_weights (`dict` or `str`, *optional*):
+            The mixture of pair sources, e.g. `'{"temporal": 1, "inferred": 1}'` (JSON on the command line).
+        rubric_temperature, answer_temperature, inference_temperature, rubric_reward_weight, format_reward_weight,
+        invalid_rubric_score, guard_steps, guard_accuracy_drop, guard_action:
+            As in [`EvolmConfig`].
+        verifier (`str`, *optional*):
+            Import path of a function without arguments that returns an `EvalVerifier` (evaluation only: diagnostics
+            and the reward-hacking guard), e.g. `my_task.verifier`.
     """
 
     judge_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible judge server URL."})
@@ -65,9 +79,35 @@ class EvolmArguments:
     )
     policy_overrides: dict | str | None = field(default=None, metadata={"help": "Config fields of policy phases."})
     rubric_overrides: dict | str | None = field(default=None, metadata={"help": "Config fields of rubric phases."})
+    judge_panel_urls: list[str] | None = field(
+        default=None, metadata={"help": "Several judge server URLs scoring as a panel (instead of --judge_url)."}
+    )
+    judge_panel_reduce: str = field(
+        default="mean", metadata={"help": "How a panel combines its scores.", "choices": ["mean", "median"]}
+    )
+    judge_api_key_env: str | None = field(
+        default=None, metadata={"help": "Environment variable holding the judge servers' API key."}
+    )
+    pair_weights: dict | str | None = field(
+        default=None, metadata={"help": "Pair source weights, JSON: temporal, inferred, rubric_conditioned."}
+    )
+    rubric_temperature: float = field(default=0.6, metadata={"help": "Sampling temperature of the rubrics."})
+    answer_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of phase answers."})
+    inference_temperature: float = field(default=0.3, metadata={"help": "Temperature of inferred questions."})
+    rubric_reward_weight: float = field(default=1.0, metadata={"help": "Weight of the rubric reward."})
+    format_reward_weight: float = field(default=0.0, metadata={"help": "Weight of the rubric format reward."})
+    invalid_rubric_score: float | None = field(default=None, metadata={"help": "Rubric reward of an invalid rubric."})
+    verifier: str | None = field(
+        default=None, metadata={"help": "Import path of a function returning an EvalVerifier (evaluation only)."}
+    )
+    guard_steps: int = field(default=0, metadata={"help": "Reward-hacking guard: probe every this many steps."})
+    guard_accuracy_drop: float = field(default=0.05, metadata={"help": "Probe accuracy drop that triggers the guard."})
+    guard_action: str = field(
+        default="stop", metadata={"help": "What the guard does.", "choices": ["stop", "rollback"]}
+    )
 
     def __post_init__(self):
-        if self.judge_url is None and self.judge_model is None:
+        if self.judge_url is None and self.judge_model is None and not self.judge_panel_urls:
             raise ValueError(
                 "No judge: pass --judge_url (an OpenAI-compatible server, e.g. `vllm serve Qwen/Qwen3-1.7B --port "
                 "8001` and --judge_url http://127.0.0.1:8001) or --judge_model (a local judge model)."
@@ -83,11 +123,33 @@ class EvolmArguments:
         return stage_config(args, getattr(self, f"{role}_method"), getattr(self, f"{role}_overrides"))
 
     def judge(self):
-        from trl_es.evolm import HFJudge, OpenAIJudge
+        from trl_es.evolm import HFJudge, JudgePanel, OpenAIJudge
 
+        key = self.judge_api_key_env
+        if self.judge_panel_urls:
+            judges = [OpenAIJudge(url, model=self.judge_model, api_key_env=key) for url in self.judge_panel_urls]
+            return JudgePanel(judges, reduce=self.judge_panel_reduce)
         if self.judge_url is not None:
-            return OpenAIJudge(self.judge_url, model=self.judge_model)
+            return OpenAIJudge(self.judge_url, model=self.judge_model, api_key_env=key)
         return HFJudge(self.judge_model, mode=self.judge_mode)
+
+    def evolm_settings(self) -> dict:
+        """The `EvolmConfig` fields these arguments set (beyond the roles' configs)."""
+        import json
+
+        from trl_es.trainer.config_checks import import_function
+
+        names = ("schedule", "rounds", "question_column", "rubric_reward", "replay_min_age", "replay_max_age")
+        names += ("max_judge_failure_rate", "rubric_temperature", "answer_temperature", "inference_temperature")
+        names += ("rubric_reward_weight", "format_reward_weight", "invalid_rubric_score")
+        names += ("guard_steps", "guard_accuracy_drop", "guard_action")
+        settings = {name: getattr(self, name) for name in names}
+        if self.pair_weights is not None:
+            weights = self.pair_weights
+            settings["pair_weights"] = json.loads(weights) if isinstance(weights, str) else dict(weights)
+        if self.verifier is not None:
+            settings["verifier"] = import_function(self.verifier, "verifier")()
+        return settings
 
 
 def main(script_args, evolm_args, training_args, model_args, dataset_args):
@@ -100,14 +162,8 @@ def main(script_args, evolm_args, training_args, model_args, dataset_args):
         output_dir=training_args.output_dir,
         policy_args=evolm_args.role_config(training_args, "policy"),
         rubric_args=evolm_args.role_config(training_args, "rubric"),
-        schedule=evolm_args.schedule,
-        rounds=evolm_args.rounds,
-        question_column=evolm_args.question_column,
-        rubric_reward=evolm_args.rubric_reward,
-        replay_min_age=evolm_args.replay_min_age,
-        replay_max_age=evolm_args.replay_max_age,
-        max_judge_failure_rate=evolm_args.max_judge_failure_rate,
         seed=training_args.seed,
+        **evolm_args.evolm_settings(),
     )
     trainer = EvolmTrainer(model_args.model_name_or_path, evolm_args.judge(), config, train_dataset)
     train_and_push(trainer, training_args, dataset_name=script_args.dataset_name)

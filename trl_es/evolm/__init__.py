@@ -6,27 +6,38 @@
 - `rewards.py`: the policy, rubric and format rewards with TRL's reward-function contract;
 - `pairs.py`: preference pairs from the model's own outputs (temporal contrast with a replay buffer, inferred question,
   rubric-conditioned) and their mixture;
-- `trainer.py`: `EvolmConfig` and `EvolmTrainer`, the alternating phases over one model, each an ESTrainer or a
-  GRPOTrainer.
+- `config.py`: `EvolmConfig`, how the phases alternate, what they sample and how the rubric rewards weigh;
+- `generation.py`: text in, text out, as the phases' datasets and probes generate;
+- `diagnostics.py`: what each phase logs about both roles (and, with an evaluation-only `EvalVerifier`, accuracy,
+  net signal, pair balance);
+- `guard.py`: the reward-hacking guard, a verified probe that stops or rolls back a gamed phase;
+- `trainer.py`: `EvolmTrainer`, the alternating phases over one model, each an ESTrainer or a GRPOTrainer.
 """
 
-from .judges import HFJudge, Judge, JudgeError, OpenAIJudge, probe_judge, score_all
+from .config import EvolmConfig
+from .diagnostics import EvalVerifier
+from .guard import RewardHackingError, RewardHackingGuard
+from .judges import HFJudge, Judge, JudgeError, JudgePanel, OpenAIJudge, probe_judge, score_all
 from .pairs import Pair, PairMixture, ReplayBuffer
 from .prompts import Prompts
 from .rewards import format_reward, policy_reward, rubric_reward
 from .rubrics import Rubric, RubricError, RubricRules, parse_rubric
-from .trainer import EvolmConfig, EvolmTrainer
+from .trainer import EvolmTrainer
 
 __all__ = [
+    "EvalVerifier",
     "EvolmConfig",
     "EvolmTrainer",
     "HFJudge",
     "Judge",
     "JudgeError",
+    "JudgePanel",
     "OpenAIJudge",
     "Pair",
     "PairMixture",
     "Prompts",
+    "RewardHackingError",
+    "RewardHackingGuard",
     "ReplayBuffer",
     "Rubric",
     "RubricError",

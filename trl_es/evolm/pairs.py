@@ -178,16 +178,21 @@ def temporal_contrast(
 
 
 def inferred_question(
-    questions: Sequence[str], answers: Sequence[str], generate: Generate, prompts: Prompts = DEFAULT_PROMPTS
+    questions: Sequence[str],
+    answers: Sequence[str],
+    generate: Generate,
+    prompts: Prompts = DEFAULT_PROMPTS,
+    infer: Generate | None = None,
 ) -> tuple[list[Pair], PairStats]:
     """Pairs of the current answer (chosen) and the policy's answer to the question it infers from that answer
-    (rejected): two batched `generate` calls, one to infer the questions, one to answer them.
+    (rejected): two batched calls, `infer` (default: `generate`; the authors sample inference at a lower temperature
+    than answers) to infer the questions, `generate` to answer them.
 
     Reasoning (`<think>...</think>`) is removed from the answer before inference and from the inferred question.
     """
     _check_lengths(questions=questions, answers=answers)
     inference_prompts = [render(prompts.infer_question, response=_without_thinking(answer)) for answer in answers]
-    inferred = [_without_thinking(text) for text in _generate(generate, inference_prompts)]
+    inferred = [_without_thinking(text) for text in _generate(infer or generate, inference_prompts)]
     rejected = _generate(generate, [render(prompts.policy, question=question) for question in inferred])
     return _pairs(questions, answers, rejected, "inferred")
 
@@ -249,6 +254,7 @@ class PairMixture:
         step: int,
         seed: int,
         prompts: Prompts = DEFAULT_PROMPTS,
+        infer: Generate | None = None,
     ) -> tuple[list[Pair], dict[str, PairStats]]:
         """Pairs for `questions`, each question going to one source (see [`~PairMixture.assign`]); `generate` is
         called once per source and generation round, over all of its questions.
@@ -258,6 +264,7 @@ class PairMixture:
             rubrics (`Sequence[str]`): the rubric of each question (for rubric-conditioned answers).
             buffer, step: the replay buffer and the policy step of temporal contrast.
             seed (`int`): seed of the assignment.
+            infer (`Generate`, *optional*): how inferred-question pairs infer their questions (default: `generate`).
 
         Returns:
             The pairs, grouped by source in the order of `SOURCES`, each group in question order; and each source's
@@ -271,7 +278,9 @@ class PairMixture:
 
         built = {
             "temporal": temporal_contrast(take(questions, "temporal"), take(answers, "temporal"), buffer, step),
-            "inferred": inferred_question(take(questions, "inferred"), take(answers, "inferred"), generate, prompts),
+            "inferred": inferred_question(
+                take(questions, "inferred"), take(answers, "inferred"), generate, prompts, infer
+            ),
             "rubric_conditioned": rubric_conditioned(
                 take(questions, "rubric_conditioned"), take(rubrics, "rubric_conditioned"), generate, prompts
             ),

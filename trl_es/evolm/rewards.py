@@ -75,6 +75,7 @@ def rubric_reward(
     rejected_column: str = "rejected",
     rules: RubricRules = DEFAULT_RULES,
     margin_scale: float = 1.0,
+    invalid_score: float | None = None,
 ) -> RewardFunction:
     """The rubric generator's reward: how well its rubric (the completion) makes the judge prefer the chosen answer.
 
@@ -84,10 +85,10 @@ def rubric_reward(
     - `"log_sigmoid"`: log σ(margin_scale · (J+ − J−)): the paper's E[log σ(J+ − J−)]. With scores in [0, 1] and the
       paper's scale 1 it spans only [−1.31, −0.31]; a larger `margin_scale` sharpens it toward the indicator.
 
-    A completion that is not a valid rubric is not judged and scores as a rubric that ranks the pair as wrongly as
-    possible (J+ − J− = −1): 0 for the indicator, −1 for the margin, log σ(−margin_scale). Scoring it 0 in every mode
-    would make an invalid rubric beat every valid one under the log-sigmoid (whose values are all < 0) and every
-    wrong one under the margin. A judge failure on either answer scores `None`.
+    A completion that is not a valid rubric is not judged and scores `invalid_score`, by default as a rubric that ranks
+    the pair as wrongly as possible (J+ − J− = −1): 0 for the indicator, −1 for the margin, log σ(−margin_scale).
+    Scoring it 0 in every mode would make an invalid rubric beat every valid one under the log-sigmoid (whose values
+    are all < 0) and every wrong one under the margin. A judge failure on either answer scores `None`.
 
     Args:
         judge (`Judge`):
@@ -104,9 +105,11 @@ def rubric_reward(
             What makes a rubric valid.
         margin_scale (`float`, *optional*, defaults to `1.0`):
             The scale of the margin inside the log-sigmoid (`mode="log_sigmoid"` only).
+        invalid_score (`float`, *optional*):
+            The reward of a completion that is not a valid rubric (default: as above).
     """
     to_reward = _margin_to_reward(mode, margin_scale)
-    invalid_reward = to_reward(-1.0)
+    invalid_reward = to_reward(-1.0) if invalid_score is None else float(invalid_score)
 
     def rubric_reward(prompts, completions, completion_ids=None, log_metric=None, **kwargs) -> list[float | None]:
         questions = _column(kwargs, question_column, "rubric_reward", "question_column")

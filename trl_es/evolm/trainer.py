@@ -18,116 +18,30 @@ model being trained. For GRPO phases with `beta > 0` the KL reference is the mod
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig
 
-from ..backends.hf import TokenIds, hf_generate
-from ..backends.sampling import SamplingSettings
 from ..core.noise import derive_seed
 from ..sequential.trainer import SequentialTrainer, Stage
-from ..trainer.es_config import ESConfig
-from ..trainer.rollouts import tokenize_prompts
+from .config import EvolmConfig
+from .diagnostics import held_out_accuracy, phase_diagnostics
+from .generation import text_generator
+from .guard import RewardHackingGuard
 from .judges import Judge, probe_judge
-from .pairs import SOURCES as PAIR_SOURCES
-from .pairs import PairMixture, ReplayBuffer, check_pair_sources
-from .prompts import Prompts, render
+from .pairs import PairMixture, ReplayBuffer
+from .prompts import render
 from .rewards import format_reward, policy_reward, rubric_reward
-from .rubrics import RubricRules, rubric_is_valid
+from .rubrics import rubric_is_valid
 
-SCHEDULES = ("coevolve", "sequential", "static")
+logger = logging.getLogger(__name__)
+
 REPLAY_FILE = "replay_buffer.json"
 PHASE_INFO_FILE = "phase.json"
-
-
-@dataclass
-class EvolmConfig:
-    r"""
-    Configuration of an EVOLM run: the two roles' training configs and how the phases alternate.
-
-    Args:
-        output_dir (`str`):
-            Folder of the whole run; phase `i` trains in `output_dir/stage-<i>-<policy|rubric>-<es|grpo>`.
-        policy_args ([`ESConfig`] or [`~trl.GRPOConfig`]):
-            Training config of every policy phase (its `max_steps` is the phase length, 50 in the paper).
-        rubric_args ([`ESConfig`] or [`~trl.GRPOConfig`]):
-            Training config of every rubric phase.
-        schedule (`str`, *optional*, defaults to `"coevolve"`):
-            `"coevolve"`: policy and rubric phases alternate, policy first. `"sequential"`: all rubric phases first,
-            then all policy phases. `"static"`: policy phases only; the rubrics are the starting model's (a rubric
-            generator that is never trained).
-        rounds (`int`, *optional*, defaults to `2`):
-            Number of policy phases (and of rubric phases, except with `"static"`).
-        question_column (`str`, *optional*, defaults to `"question"`):
-            The column of the training set that holds the questions (plain text).
-        rubric_reward (`str`, *optional*, defaults to `"indicator"`):
-            The rubric reward: `"indicator"` 1[J+ > J−] (the authors' default), `"margin"` J+ − J−, or
-            `"log_sigmoid"` log σ(J+ − J−) (the paper's objective).
-        pair_weights (`dict[str, float]`, *optional*, defaults to equal weights of the three sources):
-            Mixture of pair sources: `"temporal"`, `"inferred"`, `"rubric_conditioned"`.
-        replay_maxlen, replay_min_age, replay_max_age (`int`, *optional*, default `2048`, `20`, `100`):
-            The replay buffer of (policy step, question, answer) behind temporal contrast, and the age window (in
-            policy steps) of the answers it pairs with.
-        max_judge_failure_rate (`float`, *optional*, defaults to `0.2`):
-            A phase stops, with the figure, once more than this fraction of its judge calls failed (after at least
-            32 calls).
-        answer_temperature (`float`, *optional*, defaults to `1.0`):
-            Sampling temperature of the answers and rubrics generated to build the phases' datasets.
-        seed (`int`, *optional*, defaults to `42`):
-            Seed of dataset building (pair sources, sampling); every ES phase also draws noise of its own.
-        rubric_rules ([`RubricRules`], *optional*):
-            The rubric format check.
-        prompts ([`Prompts`], *optional*):
-            The prompt templates.
-    """
-
-    output_dir: str
-    policy_args: ESConfig | GRPOConfig
-    rubric_args: ESConfig | GRPOConfig
-    schedule: str = "coevolve"
-    rounds: int = 2
-    question_column: str = "question"
-    rubric_reward: str = "indicator"
-    pair_weights: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PAIR_SOURCES, 1.0))
-    replay_maxlen: int = 2048
-    replay_min_age: int = 20
-    replay_max_age: int = 100
-    max_judge_failure_rate: float = 0.2
-    answer_temperature: float = 1.0
-    seed: int = 42
-    rubric_rules: RubricRules = field(default_factory=RubricRules)
-    prompts: Prompts = field(default_factory=Prompts)
-
-    def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"Unknown schedule={self.schedule!r}; use one of {SCHEDULES}.")
-        if not isinstance(self.rounds, int) or self.rounds < 1:
-            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}.")
-        for name in ("policy_args", "rubric_args"):
-            if not isinstance(getattr(self, name), GRPOConfig):
-                raise TypeError(
-                    f"{name} must be an ESConfig (ES phases) or a GRPOConfig (GRPO phases), got "
-                    f"{type(getattr(self, name)).__name__}."
-                )
-        if not 0.0 <= self.max_judge_failure_rate <= 1.0:
-            raise ValueError(f"max_judge_failure_rate must be in [0, 1], got {self.max_judge_failure_rate}.")
-        # The first rubric phase of a `sequential` schedule comes before any policy step: no answer is old enough.
-        check_pair_sources(self.pair_weights, self.schedule == "sequential")
-
-    def phases(self) -> list[str]:
-        """The roles of the phases in order."""
-        if self.schedule == "coevolve":
-            return ["policy", "rubric"] * self.rounds
-        if self.schedule == "sequential":
-            return ["rubric"] * self.rounds + ["policy"] * self.rounds
-        return ["policy"] * self.rounds
 
 
 class EvolmTrainer:
@@ -186,6 +100,10 @@ class EvolmTrainer:
         self.tokenizer = processing_class or AutoTokenizer.from_pretrained(self.model)
         self.output_dir = Path(args.output_dir)
         self.guard = JudgeFailureGuard(args.max_judge_failure_rate)
+        callbacks = list(callbacks or [])
+        if args.guard_steps:
+            drop, action = args.guard_accuracy_drop, args.guard_action
+            callbacks.append(RewardHackingGuard(self._probe_accuracy, args.guard_steps, drop, action))
         self.sequence = SequentialTrainer(
             model=self.model,
             stages=[self._stage(role) for role in args.phases()],
@@ -212,35 +130,45 @@ class EvolmTrainer:
         if role == "policy":
             rewards = [self.guard.wrap(policy_reward(self.judge, rules=rules))]
             return Stage(self.args.policy_args, reward_funcs=rewards, build_dataset=self._policy_dataset, name=role)
-        rubric = self.guard.wrap(rubric_reward(self.judge, mode=self.args.rubric_reward, rules=rules))
-        rewards = [rubric, format_reward(rules)]
-        return Stage(self.args.rubric_args, reward_funcs=rewards, build_dataset=self._rubric_dataset, name=role)
+        invalid = self.args.invalid_rubric_score
+        rubric = rubric_reward(self.judge, mode=self.args.rubric_reward, rules=rules, invalid_score=invalid)
+        rewards = [self.guard.wrap(rubric), format_reward(rules)]
+        args = self.args.rubric_phase_args()
+        return Stage(args, reward_funcs=rewards, build_dataset=self._rubric_dataset, name=role)
 
     def _policy_dataset(self, model_path: str, stage_dir: Path) -> Dataset:
         """Rubrics for the policy phase's questions, written by the current model (or, `static`, by the starting
         model); the rows carry the rubric for the policy reward."""
-        prompts = self.args.prompts
-        rubric_source = self.model if self.args.schedule == "static" else model_path
+        args, prompts = self.args, self.args.prompts
+        rubric_source = self.model if args.schedule == "static" else model_path
         current = _load_model(model_path)
         rubric_model = _load_model(rubric_source) if rubric_source != model_path else current
-        rubrics = self._generator(rubric_model, f"{stage_dir.name}/rubrics")(self._rendered(prompts.rubric_generation))
-        self._record_answers(self._generator(current, f"{stage_dir.name}/answers"), stage_dir)
-        valid = sum(rubric_is_valid(rubric, self.args.rubric_rules) for rubric in rubrics) / len(rubrics)
-        _write_info(stage_dir, {"role": "policy", "rubric_source": rubric_source, "valid_rubric_rate": valid})
+        write_rubrics = self._generator(rubric_model, f"{stage_dir.name}/rubrics", args.rubric_temperature)
+        rubrics = write_rubrics(self._rendered(prompts.rubric_generation))
+        answers = self._generator(current, f"{stage_dir.name}/answers", args.answer_temperature)(
+            self._rendered(prompts.policy)
+        )
+        self._record_answers(answers, stage_dir)
+        valid = sum(rubric_is_valid(rubric, args.rubric_rules) for rubric in rubrics) / len(rubrics)
+        info = {"role": "policy", "rubric_source": rubric_source, "valid_rubric_rate": valid}
+        _write_info(stage_dir, {**info, "diagnostics": self._diagnostics(current, answers, rubrics, stage_dir)})
         policy_prompts = [self._prompt(text) for text in self._rendered(prompts.policy)]
         return Dataset.from_dict({"prompt": policy_prompts, "question": self.questions, "rubric": rubrics})
 
     def _rubric_dataset(self, model_path: str, stage_dir: Path) -> Dataset:
         """Preference pairs from the current model's own answers; the rows carry the pair for the rubric reward."""
-        prompts = self.args.prompts
-        generate = self._generator(_load_model(model_path), stage_dir.name)
-        answers = generate(self._rendered(prompts.policy))
-        rubrics = generate(self._rendered(prompts.rubric_generation))
+        args, prompts = self.args, self.args.prompts
+        model = _load_model(model_path)
+        answer = self._generator(model, stage_dir.name, args.answer_temperature)
+        write_rubrics = self._generator(model, f"{stage_dir.name}/rubrics", args.rubric_temperature)
+        infer = self._generator(model, f"{stage_dir.name}/inference", args.inference_temperature)
+        answers = answer(self._rendered(prompts.policy))
+        rubrics = write_rubrics(self._rendered(prompts.rubric_generation))
         buffer = self._replay_buffer(stage_dir)
         step = self._policy_steps_before(stage_dir)
         seed = derive_seed(self.args.seed, "pairs", stage_dir.name)
-        pairs, stats = PairMixture(self.args.pair_weights).build(
-            self.questions, answers, rubrics, generate, buffer, step, seed, prompts
+        pairs, stats = PairMixture(args.pair_weights).build(
+            self.questions, answers, rubrics, answer, buffer, step, seed, prompts, infer=infer
         )
         buffer.save(stage_dir / REPLAY_FILE)  # with the random state its sampling advanced
         stats = {source: vars(source_stats) for source, source_stats in stats.items()}
@@ -249,7 +177,8 @@ class EvolmTrainer:
                 f"No preference pair could be built for {stage_dir.name} ({stats}): every pair was a tie or had no "
                 "older answer. Use more questions, other pair sources, or a wider replay age window."
             )
-        _write_info(stage_dir, {"role": "rubric", "pairs": len(pairs), "stats": stats})
+        diagnostics = self._diagnostics(model, answers, rubrics, stage_dir, pairs)
+        _write_info(stage_dir, {"role": "rubric", "pairs": len(pairs), "stats": stats, "diagnostics": diagnostics})
         return Dataset.from_dict(
             {
                 "prompt": [self._prompt(render(prompts.rubric_generation, question=p.question)) for p in pairs],
@@ -259,14 +188,35 @@ class EvolmTrainer:
             }
         )
 
-    def _record_answers(self, generate: Callable[[list[str]], list[str]], stage_dir: Path) -> None:
+    def _record_answers(self, answers: list[str], stage_dir: Path) -> None:
         """Add the current model's answers to the replay buffer (at the policy step this phase starts from), and save
         the buffer with the phase, so that a resumed run has it."""
         buffer = self._replay_buffer(stage_dir)
         step = self._policy_steps_before(stage_dir)
-        for question, answer in zip(self.questions, generate(self._rendered(self.args.prompts.policy)), strict=True):
+        for question, answer in zip(self.questions, answers, strict=True):
             buffer.add(step, question, answer)
         buffer.save(stage_dir / REPLAY_FILE)
+
+    def _diagnostics(self, model, answers, rubrics, stage_dir: Path, pairs=None) -> dict:
+        """What the phase's starting model does as both roles (`trl_es.evolm.diagnostics`), logged and kept in the
+        phase's `phase.json`."""
+        args = self.args
+        held_out = args.verifier is not None and args.verifier.held_out_questions
+        answer_greedily = self._greedy_answers(model, f"{stage_dir.name}/held-out") if held_out else None
+        found = phase_diagnostics(
+            self.questions, answers, rubrics, self.judge, args.rubric_rules, args.verifier, pairs, answer_greedily
+        )
+        logger.info(f"{stage_dir.name} starts from a model with {json.dumps(found)}")
+        return found
+
+    def _greedy_answers(self, model, label: str) -> Callable[[list[str]], list[str]]:
+        """questions -> `model`'s greedy answers (held-out accuracy, the guard's probe)."""
+        generate = self._generator(model, label, temperature=0.0)
+        return lambda questions: generate([render(self.args.prompts.policy, question=q) for q in questions])
+
+    def _probe_accuracy(self, model) -> float:
+        """The reward-hacking guard's probe: the phase model's greedy accuracy on the verifier's held-out questions."""
+        return held_out_accuracy(self._greedy_answers(model, "guard-probe"), self.args.verifier)
 
     def _replay_buffer(self, stage_dir: Path) -> ReplayBuffer:
         """The buffer as the latest earlier phase saved it (a new one before the first). Never this phase's own: a
@@ -290,28 +240,12 @@ class EvolmTrainer:
         """A conversation when the tokenizer has a chat template (the trainer then applies it), else plain text."""
         return [{"role": "user", "content": text}] if self.tokenizer.chat_template else text
 
-    def _generator(self, model, label: str, batch_size: int = 64) -> Callable[[list[str]], list[str]]:
-        """`generate(texts)`: one sampled completion per prompt from `model`, with `model.generate`; seeded by `label`
-        (the phase, never a path: the run must not depend on where it is written) and the call's number, so a rebuilt
-        dataset is the same."""
-        tokens = TokenIds.of(model, self.tokenizer)
-        sampling = SamplingSettings(
-            max_tokens=self.args.policy_args.max_completion_length, temperature=self.args.answer_temperature
-        )
-        kwargs = sampling.generate_kwargs(tokens.pad, tokens.bos, list(tokens.eos))
-        calls = itertools.count()
-
-        @torch.no_grad()
-        def generate(texts: Sequence[str]) -> list[str]:
-            prompt_ids = tokenize_prompts(self.tokenizer, [self._prompt(text) for text in texts])
-            seed = derive_seed(self.args.seed, "generate", label, next(calls))
-            completions = []
-            for start in range(0, len(prompt_ids), batch_size):
-                ids = hf_generate(model, prompt_ids[start : start + batch_size], kwargs, tokens, seed + start)
-                completions += self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-            return completions
-
-        return generate
+    def _generator(self, model, label: str, temperature: float) -> Callable[[list[str]], list[str]]:
+        """`generate(texts)` from `model` at `temperature`, seeded by `label` (the phase, never a path: the run must
+        not depend on where it is written) and the call's number, so a rebuilt dataset is the same."""
+        max_tokens = self.args.policy_args.max_completion_length
+        seed_parts = (self.args.seed, "generate", label)
+        return text_generator(model, self.tokenizer, max_tokens, temperature, seed_parts, as_prompt=self._prompt)
 
 
 class JudgeFailureGuard:

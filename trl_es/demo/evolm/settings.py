@@ -29,6 +29,11 @@ class EvolmDemoSettings:
     # The judge's scores are expected values (log-probability scoring), never exactly tied: under the indicator
     # 1[J+ > J-] a rubric that separates nothing would still win half its pairs by noise; the margin J+ - J- is ~0.
     rubric_reward: str = "margin"
+    # What the phases sample at, and the format reward's weight: this toy's choices (everything at temperature 1, the
+    # format reward weighing as much as the margin), not EvolmConfig's defaults (the authors' 0.6 / 1.0 / 0.3 and 0).
+    rubric_temperature: float = 1.0
+    inference_temperature: float = 1.0
+    format_reward_weight: float = 1.0
     # ES: every member answers the same `prompts_per_step` questions greedily (a policy step), or writes a rubric for
     # the same `rubric_prompts_per_step` questions (a rubric step: rubrics are 6x longer than answers, so fewer).
     population_size: int = 16
@@ -93,7 +98,7 @@ class EvolmDemoSettings:
         raise ValueError(f"Unknown method={method!r}; use 'es' or 'grpo'.")
 
     def evolm_config(self, output_dir: str, seed: int = 0):
-        from ...evolm.trainer import EvolmConfig
+        from ...evolm.config import EvolmConfig
         from .toy import DEMO_PROMPTS, DEMO_RULES
 
         return EvolmConfig(
@@ -103,6 +108,9 @@ class EvolmDemoSettings:
             schedule=self.schedule,
             rounds=self.rounds,
             rubric_reward=self.rubric_reward,
+            rubric_temperature=self.rubric_temperature,
+            inference_temperature=self.inference_temperature,
+            format_reward_weight=self.format_reward_weight,
             pair_weights=self.pair_weights,
             # Temporal pairs compare the current answers with those of one or two policy phases before.
             replay_min_age=self.policy_steps,
