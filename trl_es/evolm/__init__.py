@@ -4,6 +4,7 @@
 - `rubrics.py`: the rubric JSON schema, a strict parser and the validator;
 - `judges/`: the `Judge` interface, running judges, and the OpenAI-compatible HTTP and in-process Hugging Face judges;
 - `rewards.py`: the policy, rubric and format rewards with TRL's reward-function contract;
+- `replay.py`: the replay buffer of past answers behind temporal contrast;
 - `pairs.py`: preference pairs from the model's own outputs (temporal contrast with a replay buffer, inferred question,
   rubric-conditioned) and their mixture;
 - `config.py`: `EvolmConfig`, how the phases alternate, what they sample and how the rubric rewards weigh;
@@ -18,8 +19,9 @@ from .config import EvolmConfig
 from .diagnostics import EvalVerifier
 from .guard import RewardHackingError, RewardHackingGuard
 from .judges import HFJudge, Judge, JudgeError, JudgePanel, OpenAIJudge, probe_judge, score_all
-from .pairs import Pair, PairMixture, ReplayBuffer
+from .pairs import Pair, PairMixture
 from .prompts import Prompts
+from .replay import ReplayBuffer
 from .rewards import format_reward, policy_reward, rubric_reward
 from .rubrics import Rubric, RubricError, RubricRules, parse_rubric
 from .trainer import EvolmTrainer

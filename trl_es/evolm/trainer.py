@@ -33,8 +33,9 @@ from .diagnostics import held_out_accuracy, phase_diagnostics
 from .generation import text_generator
 from .guard import RewardHackingGuard
 from .judges import Judge, probe_judge
-from .pairs import PairMixture, ReplayBuffer
+from .pairs import PairMixture
 from .prompts import render
+from .replay import ReplayBuffer
 from .rewards import format_reward, policy_reward, rubric_reward
 from .rubrics import rubric_is_valid
 
