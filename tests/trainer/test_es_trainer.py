@@ -22,10 +22,10 @@ def snapshot(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def test_accepts_every_grpo_trainer_parameter_by_name():
+def test_accepts_every_grpo_trainer_parameter_by_name_then_its_own():
     grpo = inspect.signature(GRPOTrainer.__init__).parameters
     es = inspect.signature(ESTrainer.__init__).parameters
-    assert list(grpo) == list(es)
+    assert list(es) == [*grpo, "kl_probe_prompts"]
     for name, parameter in grpo.items():
         assert es[name].default == parameter.default, name
 

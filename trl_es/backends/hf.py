@@ -93,6 +93,37 @@ def hf_generate(
     return [until_eos(row, eos) for row in output[:, input_ids.shape[1] :].tolist()]
 
 
+@torch.no_grad()
+def completion_log_probs(
+    model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad: int, batch_size: int = 32
+) -> torch.Tensor:
+    """The log-probability `model` gives each completion token after its prompt (and the completion's earlier
+    tokens), all rows' tokens concatenated in order. Rows are right-padded, so every token keeps its position."""
+    was_training = model.training
+    model.eval()
+    found = []
+    try:
+        for start in range(0, len(prompt_ids), batch_size):
+            prompts, completions = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
+            rows = [prompt + completion for prompt, completion in zip(prompts, completions, strict=True)]
+            width = max(map(len, rows))
+            input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            attention_mask = torch.zeros_like(input_ids)
+            for row, ids in enumerate(rows):
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                attention_mask[row, : len(ids)] = 1
+            logits = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device)).logits
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+                # The token at position t is predicted by the logits at t - 1.
+                positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1, device=logits.device)
+                targets = torch.tensor(completion, device=logits.device)
+                found.append(log_probs[row, positions, targets].cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(found) if found else torch.zeros(0)
+
+
 class HFBackend(OneMemberAtATime):
     """Full-rank members evaluated one at a time by the trainer's own model: a member's weights
     `cast(master + sign * sigma * eps)` are written into the evolving parameters, the model generates, and the centre
@@ -130,16 +161,17 @@ class HFBackend(OneMemberAtATime):
     def check_consistency(self, step: int) -> None:
         """Nothing to compare: generation reads the trainer's model, which the master writes."""
 
-    @torch.no_grad()
     def load_center(self) -> None:
-        self._write(self.master.tensors.items())
+        self.load_weights(self.master.tensors.items())
 
-    @torch.no_grad()
     def load_member(self, member: Member) -> None:
         """Write one member's weights (for callers that generate themselves; `load_center` undoes it)."""
-        self._write(self.master.perturbed(member))
+        self.load_weights(self.master.perturbed(member))
 
-    def _write(self, named_tensors) -> None:
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> None:
+        """Write `(name, tensor)` pairs into the evolving parameters (e.g. a run's starting weights; `load_center`
+        undoes it)."""
         for name, value in named_tensors:
             self.parameters[name].copy_(value)
 

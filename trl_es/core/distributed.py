@@ -39,6 +39,20 @@ def members_of_this_process(accelerator: Accelerator, members: list[Member]) -> 
     return members[accelerator.process_index :: accelerator.num_processes]
 
 
+def in_member_order(per_process: torch.Tensor) -> torch.Tensor:
+    """Values of every member from `(processes, rounds)` (row `r`: process `r`'s members, one per round) in member
+    order: member `j * P + r` is round `j` of process `r`."""
+    return per_process.T.reshape(-1)
+
+
+def gather_member_values(accelerator: Accelerator, local_values: torch.Tensor) -> torch.Tensor:
+    """One value per member of the whole population, in member order, from this process's members' values."""
+    if accelerator.num_processes == 1:
+        return local_values
+    gathered = accelerator.gather(local_values.to(accelerator.device)).cpu()
+    return in_member_order(gathered.view(accelerator.num_processes, -1))
+
+
 def from_process(accelerator: Accelerator, value, owner: int):
     """`value` as held by process `owner`, on every process."""
     if accelerator.num_processes == 1:

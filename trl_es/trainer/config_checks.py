@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..core.distributed import check_population_divides
 from ..core.fitness import FITNESS_SHAPINGS
 from ..core.guards import FLOAT32_MAX, is_float32_finite
+from ..core.kl_anchor import check_beta
 from ..core.lowrank import OTHER_PARAMETERS
 from .grpo_conversion import grpo_loss_settings
 
@@ -61,6 +62,10 @@ def import_function(path: str | None, field_name: str) -> Callable | None:
 
 
 def _check_es_fields(config) -> None:
+    check_beta(config.kl_anchor_beta)
+    probe_size = config.kl_anchor_probe_size
+    if isinstance(probe_size, bool) or not isinstance(probe_size, int) or probe_size < 1:
+        raise ValueError(f"kl_anchor_probe_size must be an integer >= 1 (prompts in the probe), got {probe_size!r}.")
     population_size = config.population_size
     if not isinstance(population_size, int) or population_size < 2:
         raise ValueError(
@@ -174,6 +179,12 @@ def _check_generation(config) -> None:
 def _check_backend(config) -> None:
     """The combinations of generation settings that no backend supports, with what to use instead (the choice of
     backend itself is `trl_es.backends.population.build_population`'s)."""
+    if config.kl_anchor_beta and (config.use_vllm or config.perturbation == "lowrank"):
+        raise NotImplementedError(
+            f"kl_anchor_beta={config.kl_anchor_beta} reads each member's log-probabilities from the trainer's model, "
+            f"which only full-rank members generating with model.generate use (here use_vllm={config.use_vllm}, "
+            f"perturbation={config.perturbation!r}). Set use_vllm=False and perturbation='full', or kl_anchor_beta=0."
+        )
     if not config.use_vllm:
         return
     if config.vllm_mode == "colocate":

@@ -64,6 +64,16 @@ class ESConfig(GRPOConfig):
             With `perturbation="lowrank"`: how many members generate together in one call (each call has
             `population_batch_size x` the prompt batch's rows; with vLLM it is also the engine's number of LoRA slots).
             Defaults to all of a process's members; lower it if the batch does not fit in memory.
+        kl_anchor_beta (`float`, *optional*, defaults to `0.0`):
+            Weight of the KL anchor, which holds the model near the weights the run started from: a member's fitness
+            is its mean reward minus `kl_anchor_beta` times its KL from those weights, per token, on a fixed probe
+            (one completion of each probe prompt that the starting model sampled at temperature 1; k3 estimator of
+            KL(start || member)). `0.0` turns it off. GRPO's `beta` stays ignored: it weighs a KL against
+            normalised advantages, this one against rewards. Needs `model.generate` with full-rank members
+            (`use_vllm=False`, `perturbation="full"`).
+        kl_anchor_probe_size (`int`, *optional*, defaults to `32`):
+            Prompts in the KL anchor's probe: the first ones of the training set, unless [`ESTrainer`] is given
+            `kl_probe_prompts`.
         shard_update (`bool`, *optional*, defaults to `True`):
             With several processes, split the update's noise draws between them: each process computes the update
             direction of a share of the tensors (summing the members in the same order as one process would) and
@@ -159,6 +169,17 @@ class ESConfig(GRPOConfig):
     population_batch_size: int | None = field(
         default=None,
         metadata={"help": "Low-rank members generating together in one call; default: all of a process's members."},
+    )
+    kl_anchor_beta: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight of the KL anchor: fitness = mean reward - kl_anchor_beta x KL(start || member) per token "
+            "on a fixed probe. 0 turns it off."
+        },
+    )
+    kl_anchor_probe_size: int = field(
+        default=32,
+        metadata={"help": "Prompts in the KL anchor's probe (the first of the training set, or kl_probe_prompts)."},
     )
 
     shard_update: bool = field(

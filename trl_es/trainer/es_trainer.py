@@ -11,6 +11,7 @@ the file's length.)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -27,11 +28,18 @@ from ..backends.population import Population, build_population, engine_setup, ev
 from ..backends.sampling import SamplingSettings
 from ..compat.transformers import TrainerHooks
 from ..compat.trl import TrainerTags, colocated_engine, completion_table, grpo_init_sees_defaults, logged_metrics
-from ..core.distributed import check_ranks_agree, members_of_this_process, whole_batch
+from ..core.distributed import (
+    check_ranks_agree,
+    from_process,
+    gather_member_values,
+    members_of_this_process,
+    whole_batch,
+)
 from ..core.fitness import any_scored, member_fitness, shape_fitness, update_coefficients, weighted_rewards
 from ..core.guards import check_finite_tensors, check_fitness
+from ..core.kl_anchor import anchored_fitness
+from ..core.noise import derive_seed, sampling_seed
 from ..core.noise import population as population_members
-from ..core.noise import sampling_seed
 from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
@@ -46,6 +54,7 @@ from .divergence import (
 from .es_config import ESConfig
 from .grpo_conversion import neutral_grpo_loss_values
 from .inputs import as_es_config, check_datasets, check_model_fits_backend, refuse_agent_features
+from .kl_probe import KLProbe
 from .reward_checks import checked_reward_function
 from .rollouts import tokenize_prompts, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
@@ -72,7 +81,9 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy.
 
     Only parameters with `requires_grad=True` evolve (with `peft_config`, the adapter). No gradients, optimizer state
-    or activations for backpropagation are kept, and no reference model is built (ES has no KL penalty).
+    or activations for backpropagation are kept, and no reference model is built: with `kl_anchor_beta`, the KL
+    anchor reads the starting weights' log-probabilities of a fixed probe once, and each member's fitness is its mean
+    reward minus `kl_anchor_beta` times its KL from them (the centre's is logged as `kl`).
 
     What ES minimises is logged under GRPO's names: `loss` is minus the members' mean fitness (`-es/fitness/mean`)
     over the logged steps, `train_loss` (and `TrainOutput.training_loss`) its mean over the run's steps, and
@@ -111,6 +122,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         args ([`ESConfig`] or [`~trl.GRPOConfig`], *optional*):
             Configuration. A `GRPOConfig` is converted with [`ESConfig.from_grpo_config`] (with a warning), so an
             unmodified GRPO script runs after the class swap.
+        kl_probe_prompts (`list`, *optional*):
+            The prompts of the KL anchor's probe (text or conversations, as the dataset's `prompt` column), e.g. the
+            prompts of several tasks whose behaviour the run must keep; by default the first
+            `args.kl_anchor_probe_size` prompts of `train_dataset`. Only read with `args.kl_anchor_beta > 0`.
         tools, environment_factory, rollout_func:
             Accepted for signature compatibility with [`~trl.GRPOTrainer`] and refused if given: ES generates every
             member with its own weights through its backend, which tool calling and a custom `rollout_func` would
@@ -137,6 +152,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         tools: list[Callable] | None = None,
         rollout_func=None,
         environment_factory=None,
+        kl_probe_prompts: list | None = None,
     ):
         args = as_es_config(args, model)
         refuse_agent_features(tools, environment_factory, rollout_func)
@@ -166,6 +182,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         self.tokens = TokenIds.of(self.model, tokenizer_of(self.processing_class))
         self.answer_extractor = args.answer_extractor()
         self._population: Population | None = None
+        self._kl_probe_prompts = kl_probe_prompts
+        self._kl_probe: KLProbe | None = None  # with kl_anchor_beta, sampled from the starting weights
         # The run's starting weights, on disk (not in memory) in the process that logs and saves: es/param_distance
         self._reference: StartingWeights | None = None
         self._resumed: resume.ResumedRun | None = None
@@ -199,7 +217,29 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             )
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
+            if self.args.kl_anchor_beta:
+                self._kl_probe = self._sample_kl_probe(resumed)
         return self._population
+
+    def _sample_kl_probe(self, resumed: resume.ResumedRun | None) -> KLProbe:
+        """The KL anchor's probe, sampled by the run's starting weights (a resumed run's from its checkpoint) on the
+        main process, the same on every process."""
+        probe = None
+        if self.accelerator.is_main_process:
+            backend, args = self._population.backend, self.args
+            prompts = self._kl_probe_prompts or [
+                row["prompt"] for row in itertools.islice(self.train_dataset, args.kl_anchor_probe_size)
+            ]
+            template, template_kwargs = self.chat_template, self.chat_template_kwargs
+            prompt_ids = tokenize_prompts(self.processing_class, prompts, template, template_kwargs)
+            seed = derive_seed(args.member_noise_seed, "kl-probe")
+            try:
+                if resumed is not None:
+                    backend.load_weights(resumed.reference.items())
+                probe = KLProbe.sample(backend.model, self.tokens, prompt_ids, args.max_completion_length, seed)
+            finally:
+                backend.load_center()
+        return from_process(self.accelerator, probe, owner=0)
 
     def _update_shards(self) -> UpdateShards | None:
         """How the processes share computing the update, or None to compute all of it on each."""
@@ -273,6 +313,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         fitness = member_fitness(completion_rewards)
         with divergence_stops_training(step, args.output_dir):
             check_fitness(fitness, self.reward_weights.tolist())
+            if self._kl_probe is not None:
+                fitness = self._anchored(fitness, members)
         shaped = shape_fitness(fitness, args.fitness_shaping)
         self._count_direction(fitness, shaped)
 
@@ -291,6 +333,19 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             completion_table(self), self.accelerator, self.reward_func_names, prompts, scores, shaped
         )
         return fitness
+
+    def _anchored(self, fitness: torch.Tensor, members) -> torch.Tensor:
+        """`fitness - kl_anchor_beta * KL` of every member from the starting weights, on the probe; the centre's KL
+        is logged as `kl`, GRPO's name for the policy's KL to its reference, and the mean penalty as
+        `es/kl_penalty`."""
+        probe, backend = self._kl_probe, self.population.backend
+        member_kl = gather_member_values(
+            self.accelerator, probe.member_kl(backend, members_of_this_process(self.accelerator, members))
+        )
+        metrics, beta = logged_metrics(self, "train"), self.args.kl_anchor_beta
+        metrics["kl"].append(probe.kl_of(backend.model, self.tokens.pad))
+        metrics["es/kl_penalty"].append(beta * member_kl.mean().item())  # what the anchor took off the mean fitness
+        return anchored_fitness(fitness, member_kl, beta)
 
     def _count_direction(self, fitness: torch.Tensor, shaped: torch.Tensor) -> None:
         """Count a step without an update direction, and warn after `warn_after_degenerate_steps` of them in a row
@@ -387,7 +442,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         full disk left half-written, and a named checkpoint that is not complete is refused with the reason."""
         resume_from_checkpoint = resume.resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
-        self._population = self._reference = self._resumed = None
+        self._population = self._reference = self._resumed = self._kl_probe = None
         self._micro_step = 0
         self._counters = StepCounters()
         self._losses = step_logging.LossLog()

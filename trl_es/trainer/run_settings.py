@@ -14,6 +14,7 @@ RUN_SETTINGS = (
     "antithetic",
     "fitness_shaping",
     "perturbation",
+    "kl_anchor_beta",
     "learning_rate",
     "lr_scheduler_type",
     "lr_scheduler_kwargs",
@@ -41,6 +42,7 @@ RUN_SETTINGS = (
     "gradient_accumulation_steps",
 )
 LOWRANK_RUN_SETTINGS = ("lowrank_rank", "lowrank_other_parameters")
+KL_ANCHOR_RUN_SETTINGS = ("kl_anchor_probe_size",)
 
 # The card says these in its text (the reward weights beside the reward functions), or only for the runs they apply
 # to (`vllm_mode` for vLLM runs); it adds how the model was loaded, which a resume may change (its device map).
@@ -49,8 +51,9 @@ _CARD_ONLY_SETTINGS = ("model_init_kwargs",)
 
 
 def run_setting_names(args) -> tuple[str, ...]:
-    """`RUN_SETTINGS`, and the low-rank ones for a low-rank run."""
-    return RUN_SETTINGS + (LOWRANK_RUN_SETTINGS if args.perturbation == "lowrank" else ())
+    """`RUN_SETTINGS`, and the low-rank ones for a low-rank run, the anchor's probe for an anchored one."""
+    lowrank = LOWRANK_RUN_SETTINGS if args.perturbation == "lowrank" else ()
+    return RUN_SETTINGS + lowrank + (KL_ANCHOR_RUN_SETTINGS if args.kl_anchor_beta else ())
 
 
 def card_setting_names(args) -> tuple[str, ...]:
