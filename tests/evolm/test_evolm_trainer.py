@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl_es import ESConfig
 from trl_es.core.noise import derive_seed
+from trl_es.evolm.prompts import render
 from trl_es.evolm.trainer import EvolmConfig, EvolmTrainer, JudgeFailureGuard
 
 
@@ -113,13 +114,37 @@ def test_phase_datasets_sample_rubrics_answers_and_inferred_questions_at_their_t
     assert temperatures == {
         "stage-0-policy-es/rubrics": 0.6,
         "stage-0-policy-es/answers": 0.9,
-        "stage-1-rubric-es": 0.9,
+        "stage-1-rubric-es/answers": 0.9,
+        "stage-1-rubric-es/pair-answers": 0.9,
         "stage-1-rubric-es/rubrics": 0.6,
         "stage-1-rubric-es/inference": 0.2,
     }
-    for phase in ("stage-0-policy-es", "stage-1-rubric-es"):  # each logs how it found both roles, verifier-free
-        diagnostics = json.loads((Path(args.output_dir) / phase / "phase.json").read_text())["diagnostics"]
-        assert set(diagnostics) == {"rubric_valid_rate", "rubric_answer_agreement"}
+    infos = {
+        phase: json.loads((Path(args.output_dir) / phase / "phase.json").read_text())
+        for phase in ("stage-0-policy-es", "stage-1-rubric-es")
+    }
+    for info in infos.values():  # each logs how it found both roles, verifier-free
+        assert set(info["diagnostics"]) == {"rubric_valid_rate", "rubric_answer_agreement"}
+    # The policy phase is told, once the next phase has measured the model it left, what it did to the rubrics.
+    policy = infos["stage-0-policy-es"]
+    assert policy["after"] == infos["stage-1-rubric-es"]["diagnostics"]
+    start, after = policy["diagnostics"]["rubric_valid_rate"], policy["after"]["rubric_valid_rate"]
+    assert policy["other_role"] == {"rubric_valid_rate": {"start": start, "after": after}}
+
+
+def test_an_anchored_es_phase_probes_both_roles_prompts(tmp_path, tiny_model_path):
+    anchored = fast_es_config(tmp_path / "unused", max_steps=1, kl_anchor_beta=0.1, kl_anchor_probe_size=4)
+    args = config(tmp_path, policy_args=anchored, rubric_args=fast_grpo_config(tmp_path / "unused", beta=0.1))
+    trainer = EvolmTrainer(tiny_model_path, LengthJudge(), args, questions())
+    policy, rubric = trainer.sequence.stages
+    asked = [f"What is {k} plus {k}?" for k in range(2)]
+    expected = [
+        render(template, question=q)
+        for template in (args.prompts.policy, args.prompts.rubric_generation)
+        for q in asked
+    ]
+    assert [turns[0]["content"] for turns in policy.kl_probe_prompts] == expected
+    assert rubric.kl_probe_prompts is None and rubric.args.beta == 0.1  # GRPO's own KL, to the phase's start
 
 
 def test_a_training_set_without_the_question_column_is_refused(tmp_path, tiny_model_path):
@@ -158,7 +183,14 @@ def test_coevolution_builds_each_phase_from_the_current_model_and_resumes_on_the
     assert all(
         chosen != rejected for chosen, rejected in zip(rubric_rows["chosen"], rubric_rows["rejected"], strict=True)
     )
-    assert json.loads((rubric / "phase.json").read_text())["pairs"] == len(rubric_rows)
+    rubric_info = json.loads((rubric / "phase.json").read_text())
+    assert rubric_info["pairs"] == len(rubric_rows)
+    # The last phase is measured at the end: what the rubric phase did to the answers (verifier-free: the proxy).
+    assert set(rubric_info["other_role"]) == {"rubric_answer_agreement"}
+    assert (
+        rubric_info["other_role"]["rubric_answer_agreement"]["start"]
+        == rubric_info["diagnostics"]["rubric_answer_agreement"]
+    )
     assert (policy / "replay_buffer.json").is_file() and (rubric / "replay_buffer.json").is_file()
     assert [name for name, _ in seeds.seen] == [policy.name, rubric.name]
     weights = {name: p.detach().clone() for name, p in AutoModelForCausalLM.from_pretrained(final).named_parameters()}

@@ -13,7 +13,11 @@ model, and saved in the phase's folder, so an interrupted run resumes on the sam
 
 No reference answer reaches any phase: the datasets hold the prompt, the question, the rubric or the pair, nothing
 else. The judge is a separate frozen model (an HTTP server or an in-process model); it never shares weights with the
-model being trained. For GRPO phases with `beta > 0` the KL reference is the model the phase starts from.
+model being trained.
+
+Each phase can be held near the model it starts from: a GRPO phase by its `beta` (TRL's KL to the reference, here the
+phase's starting model, on its own completions), an ES phase by its `kl_anchor_beta`, on a probe of both roles' prompts
+(`_anchor_probe`), so that a policy phase does not unlearn the rubrics, nor a rubric phase the answers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..core.noise import derive_seed
 from ..sequential.trainer import SequentialTrainer, Stage
+from ..trainer.es_config import ESConfig
 from .config import EvolmConfig
 from .diagnostics import held_out_accuracy, phase_diagnostics
 from .generation import text_generator
@@ -43,6 +48,13 @@ logger = logging.getLogger(__name__)
 
 REPLAY_FILE = "replay_buffer.json"
 PHASE_INFO_FILE = "phase.json"
+# What a phase may break in the role it does not train: a policy phase the rubrics (their validity, and with a
+# verifier their accuracy), a rubric phase the answers (with a verifier their accuracy; without one the judge's score
+# of the answers under the model's own rubrics is the proxy).
+OTHER_ROLE_HEALTH = {
+    "policy": ("rubric_valid_rate", "rubric_accuracy"),
+    "rubric": ("answer_accuracy", "held_out_accuracy", "rubric_answer_agreement"),
+}
 
 
 class EvolmTrainer:
@@ -116,7 +128,16 @@ class EvolmTrainer:
     def train(self) -> Path:
         """Probe the judge, then run the phases that have not finished; returns the folder of the final model."""
         probe_judge(self.judge)  # a judge that is down or answers in another format stops the run now, not later
-        return self.sequence.train()
+        final = self.sequence.train()
+        # Every phase's start measured how the phase before it left both roles; the last phase is measured here.
+        index = len(self.args.phases()) - 1
+        last = self.sequence.stage_dir(index)
+        if "after" not in _read_info(last):
+            model = _load_model(str(final))
+            rubric_source = self.model if self.args.schedule == "static" else None
+            answers, rubrics = self._both_roles(model, "final", rubric_source)
+            self._record_after(last, self.args.phases()[index], self._measure(model, answers, rubrics, "final"))
+        return final
 
     def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None, **kwargs):
         """As [`SequentialTrainer.push_to_hub`] (same arguments: `revision`, `commit_message`, `token`,
@@ -130,12 +151,23 @@ class EvolmTrainer:
         rules = self.args.rubric_rules
         if role == "policy":
             rewards = [self.guard.wrap(policy_reward(self.judge, rules=rules))]
-            return Stage(self.args.policy_args, reward_funcs=rewards, build_dataset=self._policy_dataset, name=role)
-        invalid = self.args.invalid_rubric_score
-        rubric = rubric_reward(self.judge, mode=self.args.rubric_reward, rules=rules, invalid_score=invalid)
-        rewards = [self.guard.wrap(rubric), format_reward(rules)]
-        args = self.args.rubric_phase_args()
-        return Stage(args, reward_funcs=rewards, build_dataset=self._rubric_dataset, name=role)
+            args, build = self.args.policy_args, self._policy_dataset
+        else:
+            invalid = self.args.invalid_rubric_score
+            rubric = rubric_reward(self.judge, mode=self.args.rubric_reward, rules=rules, invalid_score=invalid)
+            rewards = [self.guard.wrap(rubric), format_reward(rules)]
+            args, build = self.args.rubric_phase_args(), self._rubric_dataset
+        probe = self._anchor_probe(args)
+        return Stage(args, reward_funcs=rewards, build_dataset=build, name=role, kl_probe_prompts=probe)
+
+    def _anchor_probe(self, args) -> list | None:
+        """An anchored ES phase's KL probe: both roles' prompts (answer and rubric) for the first questions, so that
+        the role that is not training stays near the phase's start too."""
+        if not isinstance(args, ESConfig) or not args.kl_anchor_beta:
+            return None
+        questions = self.questions[: max(1, args.kl_anchor_probe_size // 2)]
+        templates = (self.args.prompts.policy, self.args.prompts.rubric_generation)
+        return [self._prompt(render(template, question=q)) for template in templates for q in questions]
 
     def _policy_dataset(self, model_path: str, stage_dir: Path) -> Dataset:
         """Rubrics for the policy phase's questions, written by the current model (or, `static`, by the starting
@@ -143,11 +175,8 @@ class EvolmTrainer:
         args, prompts = self.args, self.args.prompts
         rubric_source = self.model if args.schedule == "static" else model_path
         current = _load_model(model_path)
-        rubric_model = _load_model(rubric_source) if rubric_source != model_path else current
-        write_rubrics = self._generator(rubric_model, f"{stage_dir.name}/rubrics", args.rubric_temperature)
-        rubrics = write_rubrics(self._rendered(prompts.rubric_generation))
-        answers = self._generator(current, f"{stage_dir.name}/answers", args.answer_temperature)(
-            self._rendered(prompts.policy)
+        answers, rubrics = self._both_roles(
+            current, stage_dir.name, rubric_source if rubric_source != model_path else None
         )
         self._record_answers(answers, stage_dir)
         valid = sum(rubric_is_valid(rubric, args.rubric_rules) for rubric in rubrics) / len(rubrics)
@@ -160,11 +189,9 @@ class EvolmTrainer:
         """Preference pairs from the current model's own answers; the rows carry the pair for the rubric reward."""
         args, prompts = self.args, self.args.prompts
         model = _load_model(model_path)
-        answer = self._generator(model, stage_dir.name, args.answer_temperature)
-        write_rubrics = self._generator(model, f"{stage_dir.name}/rubrics", args.rubric_temperature)
+        answer = self._generator(model, f"{stage_dir.name}/pair-answers", args.answer_temperature)
         infer = self._generator(model, f"{stage_dir.name}/inference", args.inference_temperature)
-        answers = answer(self._rendered(prompts.policy))
-        rubrics = write_rubrics(self._rendered(prompts.rubric_generation))
+        answers, rubrics = self._both_roles(model, stage_dir.name)
         buffer = self._replay_buffer(stage_dir)
         step = self._policy_steps_before(stage_dir)
         seed = derive_seed(self.args.seed, "pairs", stage_dir.name)
@@ -198,17 +225,45 @@ class EvolmTrainer:
             buffer.add(step, question, answer)
         buffer.save(stage_dir / REPLAY_FILE)
 
+    def _both_roles(self, model, label: str, rubric_source: str | None = None) -> tuple[list[str], list[str]]:
+        """`model`'s answers (at `answer_temperature`) and rubrics (at `rubric_temperature`, written by the model at
+        `rubric_source` when given: a static schedule's starting model) for every question."""
+        args, prompts = self.args, self.args.prompts
+        answers = self._generator(model, f"{label}/answers", args.answer_temperature)(self._rendered(prompts.policy))
+        rubric_model = model if rubric_source is None else _load_model(rubric_source)
+        write_rubrics = self._generator(rubric_model, f"{label}/rubrics", args.rubric_temperature)
+        return answers, write_rubrics(self._rendered(prompts.rubric_generation))
+
     def _diagnostics(self, model, answers, rubrics, stage_dir: Path, pairs=None) -> dict:
         """What the phase's starting model does as both roles (`trl_es.evolm.diagnostics`), logged and kept in the
-        phase's `phase.json`."""
+        phase's `phase.json`; the phase before it gets the same figures as its `after`, and a log line of what it
+        did to the role it did not train."""
+        found = self._measure(model, answers, rubrics, stage_dir.name, pairs)
+        logger.info(f"{stage_dir.name} starts from a model with {json.dumps(found)}")
+        index = _stage_index(stage_dir)
+        if index > 0:
+            self._record_after(self.sequence.stage_dir(index - 1), self.args.phases()[index - 1], found)
+        return found
+
+    def _measure(self, model, answers, rubrics, label: str, pairs=None) -> dict:
         args = self.args
         held_out = args.verifier is not None and args.verifier.held_out_questions
-        answer_greedily = self._greedy_answers(model, f"{stage_dir.name}/held-out") if held_out else None
-        found = phase_diagnostics(
+        answer_greedily = self._greedy_answers(model, f"{label}/held-out") if held_out else None
+        return phase_diagnostics(
             self.questions, answers, rubrics, self.judge, args.rubric_rules, args.verifier, pairs, answer_greedily
         )
-        logger.info(f"{stage_dir.name} starts from a model with {json.dumps(found)}")
-        return found
+
+    def _record_after(self, stage_dir: Path, role: str, after: dict) -> None:
+        """Write into a finished phase's `phase.json` how it left both roles (`after`) and, start against end, the
+        health of the role it did not train (`other_role`; see `OTHER_ROLE_HEALTH`)."""
+        info = _read_info(stage_dir)
+        start = info.get("diagnostics", {})
+        other = {
+            key: {"start": start.get(key), "after": after.get(key)} for key in OTHER_ROLE_HEALTH[role] if key in after
+        }
+        _write_info(stage_dir, {**info, "after": after, "other_role": other})
+        changes = ", ".join(f"{key} {_figure(v['start'])} -> {_figure(v['after'])}" for key, v in other.items())
+        logger.info(f"{stage_dir.name} ({role} phase) left the other role with {changes}")
 
     def _greedy_answers(self, model, label: str) -> Callable[[list[str]], list[str]]:
         """questions -> `model`'s greedy answers (held-out accuracy, the guard's probe)."""
@@ -293,6 +348,15 @@ def _check_judge_is_separate(judge, model: str) -> None:
 
 def _stage_index(stage_dir: Path) -> int:
     return int(stage_dir.name.split("-")[1])
+
+
+def _read_info(stage_dir: Path) -> dict:
+    path = stage_dir / PHASE_INFO_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _figure(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _write_info(stage_dir: Path, info: dict) -> None:

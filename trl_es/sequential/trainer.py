@@ -51,6 +51,8 @@ class Stage:
             starts, from the model it starts from (a path) into the stage's folder. The set is saved there and reused
             when an interrupted stage resumes, so a resumed stage trains on the same data.
         name (`str`, *optional*): A label for the stage's folder, `stage-<i>-<name>-<es|grpo>`.
+        kl_probe_prompts (`list`, *optional*): For an ES stage with `kl_anchor_beta`, the prompts of its KL anchor's
+            probe (see [`ESTrainer`]); ignored by GRPO stages, whose `beta` reads their own completions.
     """
 
     args: ESConfig | GRPOConfig
@@ -59,6 +61,7 @@ class Stage:
     reward_funcs: Any = None
     build_dataset: Callable[[str, Path], Dataset] | None = None
     name: str | None = None
+    kl_probe_prompts: list | None = None
 
     @property
     def method(self) -> str:
@@ -239,6 +242,8 @@ class SequentialTrainer:
         shared = dict(self.shared)
         if stage.reward_funcs is not None:
             shared["reward_funcs"] = stage.reward_funcs
+        if stage.method == "es" and stage.kl_probe_prompts is not None:
+            shared["kl_probe_prompts"] = stage.kl_probe_prompts
         trainer = trainer_class(
             model=model,
             args=args,
