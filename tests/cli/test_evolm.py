@@ -36,8 +36,10 @@ def test_the_settings_reach_evolm_config_with_json_pair_weights_and_an_imported_
         verifier=f"{__name__}.verifier",
         guard_steps=5,
         guard_action="rollback",
+        live_rubrics=True,
     )
     settings = arguments.evolm_settings()
+    assert settings["live_rubrics"] is True
     assert settings["pair_weights"] == {"temporal": 2, "inferred": 1}
     assert settings["rubric_temperature"] == 0.5 and settings["format_reward_weight"] == 0.25
     assert settings["guard_steps"] == 5 and settings["guard_action"] == "rollback"
@@ -47,3 +49,13 @@ def test_the_settings_reach_evolm_config_with_json_pair_weights_and_an_imported_
 def test_no_judge_at_all_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="pass --judge_url"):
         EvolmArguments()
+
+
+def test_each_role_is_anchored_by_its_own_field_es_kl_anchor_beta_and_grpo_beta(tmp_path):
+    from trl_es import ESConfig
+
+    arguments = EvolmArguments(judge_url="http://127.0.0.1:8001", policy_method="es", rubric_method="grpo")
+    top_level = ESConfig(str(tmp_path), kl_anchor_beta=0.01, beta=0.001, max_steps=1, report_to=[], use_cpu=True)
+    policy, rubric = arguments.role_config(top_level, "policy"), arguments.role_config(top_level, "rubric")
+    assert type(policy) is ESConfig and policy.kl_anchor_beta == 0.01
+    assert type(rubric) is not ESConfig and rubric.beta == 0.001

@@ -47,9 +47,10 @@ class EvolmArguments:
             The environment variable holding the judge servers' API key (never logged).
         pair_weights (`dict` or `str`, *optional*):
             The mixture of pair sources, e.g. `'{"temporal": 1, "inferred": 1}'` (JSON on the command line).
-        rubric_temperature, answer_temperature, inference_temperature, rubric_reward_weight, format_reward_weight,
-        invalid_rubric_score, guard_steps, guard_accuracy_drop, guard_action:
-            As in [`EvolmConfig`].
+        live_rubrics, rubric_temperature, answer_temperature, inference_temperature, rubric_reward_weight,
+        format_reward_weight, invalid_rubric_score, guard_steps, guard_accuracy_drop, guard_action:
+            As in [`EvolmConfig`]. The KL anchor of each phase to its start is a role's own config field:
+            `--kl_anchor_beta` for ES phases, `--beta` for GRPO phases (top level, or in a role's overrides).
         verifier (`str`, *optional*):
             Import path of a function without arguments that returns an `EvalVerifier` (evaluation only: diagnostics
             and the reward-hacking guard), e.g. `my_task.verifier`.
@@ -90,6 +91,9 @@ class EvolmArguments:
     )
     pair_weights: dict | str | None = field(
         default=None, metadata={"help": "Pair source weights, JSON: temporal, inferred, rubric_conditioned."}
+    )
+    live_rubrics: bool = field(
+        default=False, metadata={"help": "Policy phases read rubrics the trained model writes at every step."}
     )
     rubric_temperature: float = field(default=0.6, metadata={"help": "Sampling temperature of the rubrics."})
     answer_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of phase answers."})
@@ -140,7 +144,13 @@ class EvolmArguments:
         from trl_es.trainer.config_checks import import_function
 
         names = ("schedule", "rounds", "question_column", "rubric_reward", "replay_min_age", "replay_max_age")
-        names += ("max_judge_failure_rate", "rubric_temperature", "answer_temperature", "inference_temperature")
+        names += (
+            "max_judge_failure_rate",
+            "live_rubrics",
+            "rubric_temperature",
+            "answer_temperature",
+            "inference_temperature",
+        )
         names += ("rubric_reward_weight", "format_reward_weight", "invalid_rubric_score")
         names += ("guard_steps", "guard_accuracy_drop", "guard_action")
         settings = {name: getattr(self, name) for name in names}

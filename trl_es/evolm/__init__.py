@@ -11,6 +11,7 @@
 - `generation.py`: text in, text out, as the phases' datasets and probes generate;
 - `diagnostics.py`: what each phase logs about both roles (and, with an evaluation-only `EvalVerifier`, accuracy,
   net signal, pair balance);
+- `live_rubrics.py`: rubrics written per step by the model being trained (`EvolmConfig.live_rubrics`);
 - `guard.py`: the reward-hacking guard, a verified probe that stops or rolls back a gamed phase;
 - `trainer.py`: `EvolmTrainer`, the alternating phases over one model, each an ESTrainer or a GRPOTrainer.
 """
@@ -19,6 +20,7 @@ from .config import EvolmConfig
 from .diagnostics import EvalVerifier
 from .guard import RewardHackingError, RewardHackingGuard
 from .judges import HFJudge, Judge, JudgeError, JudgePanel, OpenAIJudge, probe_judge, score_all
+from .live_rubrics import LiveRubrics
 from .pairs import Pair, PairMixture
 from .prompts import Prompts
 from .replay import ReplayBuffer
@@ -34,6 +36,7 @@ __all__ = [
     "Judge",
     "JudgeError",
     "JudgePanel",
+    "LiveRubrics",
     "OpenAIJudge",
     "Pair",
     "PairMixture",

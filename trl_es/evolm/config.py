@@ -51,6 +51,11 @@ class EvolmConfig:
         max_judge_failure_rate (`float`, *optional*, defaults to `0.2`):
             A phase stops, with the figure, once more than this fraction of its judge calls failed (after at least
             32 calls).
+        live_rubrics (`bool`, *optional*, defaults to `False`):
+            Where a policy phase's rubrics come from: by default a snapshot, written for every question by the model
+            the phase starts from (saved with the phase's dataset); with `True`, written at every step for the step's
+            questions by the model being trained (the authors' way; [`LiveRubrics`]). Not with the `"static"`
+            schedule, whose rubrics are the starting model's by definition.
         rubric_temperature (`float`, *optional*, defaults to `0.6`):
             Sampling temperature of the rubrics: those a policy phase reads, those rubric-conditioned pairs use, and
             those an ES rubric phase writes (its members sample them with shared seeds), so that a rubric phase
@@ -100,6 +105,7 @@ class EvolmConfig:
     replay_min_age: int = 20
     replay_max_age: int = 100
     max_judge_failure_rate: float = 0.2
+    live_rubrics: bool = False
     rubric_temperature: float = 0.6
     answer_temperature: float = 1.0
     inference_temperature: float = 0.3
@@ -125,6 +131,11 @@ class EvolmConfig:
                     f"{name} must be an ESConfig (ES phases) or a GRPOConfig (GRPO phases), got "
                     f"{type(getattr(self, name)).__name__}."
                 )
+        if self.live_rubrics and self.schedule == "static":
+            raise ValueError(
+                "live_rubrics=True writes rubrics with the model being trained, but the 'static' schedule reads the "
+                "starting model's rubrics: use schedule='coevolve' (or 'sequential'), or live_rubrics=False."
+            )
         if not 0.0 <= self.max_judge_failure_rate <= 1.0:
             raise ValueError(f"max_judge_failure_rate must be in [0, 1], got {self.max_judge_failure_rate}.")
         # The first rubric phase of a `sequential` schedule comes before any policy step: no answer is old enough.

@@ -5,7 +5,8 @@ config picks it) that starts from the previous phase's saved model. A phase's da
 model, and saved in the phase's folder, so an interrupted run resumes on the same data:
 
 - **policy phase**: the current model writes a rubric for every question (a `static` schedule keeps the starting
-  model's rubrics); the policy is trained on the judge's score of its answer under that rubric (`policy_reward`);
+  model's rubrics; with `live_rubrics` the model being trained writes them anew at every step); the policy
+  is trained on the judge's score of its answer under that rubric (`policy_reward`);
 - **rubric phase**: the current model answers every question; preference pairs come from its own outputs
   (`PairMixture`: temporal contrast against older answers from the replay buffer, inferred question,
   rubric-conditioned); the model is trained to write rubrics under which the judge prefers the chosen answer
@@ -38,6 +39,7 @@ from .diagnostics import held_out_accuracy, phase_diagnostics
 from .generation import text_generator
 from .guard import RewardHackingGuard
 from .judges import Judge, probe_judge
+from .live_rubrics import LiveRubrics, with_live_rubrics
 from .pairs import PairMixture
 from .prompts import render
 from .replay import ReplayBuffer
@@ -114,6 +116,14 @@ class EvolmTrainer:
         self.output_dir = Path(args.output_dir)
         self.guard = JudgeFailureGuard(args.max_judge_failure_rate)
         callbacks = list(callbacks or [])
+        self.live_rubrics = None
+        if args.live_rubrics:
+            max_tokens = args.policy_args.max_completion_length
+            self.live_rubrics = LiveRubrics(
+                self.tokenizer, args.prompts.rubric_generation, args.rubric_temperature, max_tokens, args.seed,
+                as_prompt=self._prompt,
+            )  # fmt: skip
+            callbacks.append(self.live_rubrics)
         if args.guard_steps:
             drop, action = args.guard_accuracy_drop, args.guard_action
             callbacks.append(RewardHackingGuard(self._probe_accuracy, args.guard_steps, drop, action))
@@ -150,7 +160,10 @@ class EvolmTrainer:
     def _stage(self, role: str) -> Stage:
         rules = self.args.rubric_rules
         if role == "policy":
-            rewards = [self.guard.wrap(policy_reward(self.judge, rules=rules))]
+            reward = policy_reward(self.judge, rules=rules)
+            if self.live_rubrics is not None:
+                reward = with_live_rubrics(reward, self.live_rubrics)
+            rewards = [self.guard.wrap(reward)]
             args, build = self.args.policy_args, self._policy_dataset
         else:
             invalid = self.args.invalid_rubric_score
@@ -182,8 +195,10 @@ class EvolmTrainer:
         valid = sum(rubric_is_valid(rubric, args.rubric_rules) for rubric in rubrics) / len(rubrics)
         info = {"role": "policy", "rubric_source": rubric_source, "valid_rubric_rate": valid}
         _write_info(stage_dir, {**info, "diagnostics": self._diagnostics(current, answers, rubrics, stage_dir)})
-        policy_prompts = [self._prompt(text) for text in self._rendered(prompts.policy)]
-        return Dataset.from_dict({"prompt": policy_prompts, "question": self.questions, "rubric": rubrics})
+        rows = {"prompt": [self._prompt(text) for text in self._rendered(prompts.policy)], "question": self.questions}
+        if self.live_rubrics is None:  # live rubrics are written per step: the snapshot only measured the start
+            rows["rubric"] = rubrics
+        return Dataset.from_dict(rows)
 
     def _rubric_dataset(self, model_path: str, stage_dir: Path) -> Dataset:
         """Preference pairs from the current model's own answers; the rows carry the pair for the rubric reward."""
