@@ -34,6 +34,7 @@ VLLM_ENGINE_MODULES = (
     "backends/test_vllm_colocate.py",
     "integration/test_vllm_grpo_coverage.py",
     "backends/test_vllm_lora.py",
+    "evolm/test_vllm_phase_datasets.py",
     "backends/test_vllm_server.py",
 )
 

@@ -9,6 +9,7 @@
   rubric-conditioned) and their mixture;
 - `config.py`: `EvolmConfig`, how the phases alternate, what they sample and how the rubric rewards weigh;
 - `generation.py`: text in, text out, as the phases' datasets and probes generate;
+- `vllm_generation.py`: the same through a vLLM engine of the phase's starting model, for roles trained with vLLM;
 - `diagnostics.py`: what each phase logs about both roles (and, with an evaluation-only `EvalVerifier`, accuracy,
   net signal, pair balance);
 - `live_rubrics.py`: rubrics written per step by the model being trained (`EvolmConfig.live_rubrics`);

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+from accelerate import PartialState
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,6 +48,7 @@ from .prompts import render
 from .replay import ReplayBuffer
 from .rewards import format_reward, policy_reward, rubric_reward
 from .rubrics import rubric_is_valid
+from .vllm_generation import builds_datasets_with_vllm, dataset_engine, vllm_text_generator
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +146,12 @@ class EvolmTrainer:
         # Every phase's start measured how the phase before it left both roles; the last phase is measured here.
         index = len(self.args.phases()) - 1
         last = self.sequence.stage_dir(index)
-        if "after" not in _read_info(last):
-            model = _load_model(str(final))
-            rubric_source = self.model if self.args.schedule == "static" else None
-            answers, rubrics = self._both_roles(model, "final", rubric_source)
-            self._record_after(last, self.args.phases()[index], self._measure(model, answers, rubrics, "final"))
+        role = self.args.phases()[index]
+        if "after" not in _read_info(last) and PartialState().is_main_process:
+            with self._phase_model(str(final), role) as model:
+                rubric_source = self.model if self.args.schedule == "static" else None
+                answers, rubrics = self._both_roles(model, "final", rubric_source)
+                self._record_after(last, role, self._measure(model, answers, rubrics, "final"))
         return final
 
     def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None, **kwargs):
@@ -187,14 +192,14 @@ class EvolmTrainer:
         model); the rows carry the rubric for the policy reward."""
         args, prompts = self.args, self.args.prompts
         rubric_source = self.model if args.schedule == "static" else model_path
-        current = _load_model(model_path)
-        answers, rubrics = self._both_roles(
-            current, stage_dir.name, rubric_source if rubric_source != model_path else None
-        )
+        with self._phase_model(model_path, "policy") as current:
+            static = rubric_source if rubric_source != model_path else None
+            answers, rubrics = self._both_roles(current, stage_dir.name, static)
+            diagnostics = self._diagnostics(current, answers, rubrics, stage_dir)
         self._record_answers(answers, stage_dir)
         valid = sum(rubric_is_valid(rubric, args.rubric_rules) for rubric in rubrics) / len(rubrics)
         info = {"role": "policy", "rubric_source": rubric_source, "valid_rubric_rate": valid}
-        _write_info(stage_dir, {**info, "diagnostics": self._diagnostics(current, answers, rubrics, stage_dir)})
+        _write_info(stage_dir, {**info, "diagnostics": diagnostics})
         rows = {"prompt": [self._prompt(text) for text in self._rendered(prompts.policy)], "question": self.questions}
         if self.live_rubrics is None:  # live rubrics are written per step: the snapshot only measured the start
             rows["rubric"] = rubrics
@@ -203,16 +208,17 @@ class EvolmTrainer:
     def _rubric_dataset(self, model_path: str, stage_dir: Path) -> Dataset:
         """Preference pairs from the current model's own answers; the rows carry the pair for the rubric reward."""
         args, prompts = self.args, self.args.prompts
-        model = _load_model(model_path)
-        answer = self._generator(model, f"{stage_dir.name}/pair-answers", args.answer_temperature)
-        infer = self._generator(model, f"{stage_dir.name}/inference", args.inference_temperature)
-        answers, rubrics = self._both_roles(model, stage_dir.name)
         buffer = self._replay_buffer(stage_dir)
         step = self._policy_steps_before(stage_dir)
         seed = derive_seed(self.args.seed, "pairs", stage_dir.name)
-        pairs, stats = PairMixture(args.pair_weights).build(
-            self.questions, answers, rubrics, answer, buffer, step, seed, prompts, infer=infer
-        )
+        with self._phase_model(model_path, "rubric") as model:
+            answer = self._generator(model, f"{stage_dir.name}/pair-answers", args.answer_temperature)
+            infer = self._generator(model, f"{stage_dir.name}/inference", args.inference_temperature)
+            answers, rubrics = self._both_roles(model, stage_dir.name)
+            pairs, stats = PairMixture(args.pair_weights).build(
+                self.questions, answers, rubrics, answer, buffer, step, seed, prompts, infer=infer
+            )
+            diagnostics = self._diagnostics(model, answers, rubrics, stage_dir, pairs) if pairs else None
         buffer.save(stage_dir / REPLAY_FILE)  # with the random state its sampling advanced
         stats = {source: vars(source_stats) for source, source_stats in stats.items()}
         if not pairs:
@@ -220,7 +226,6 @@ class EvolmTrainer:
                 f"No preference pair could be built for {stage_dir.name} ({stats}): every pair was a tie or had no "
                 "older answer. Use more questions, other pair sources, or a wider replay age window."
             )
-        diagnostics = self._diagnostics(model, answers, rubrics, stage_dir, pairs)
         _write_info(stage_dir, {"role": "rubric", "pairs": len(pairs), "stats": stats, "diagnostics": diagnostics})
         return Dataset.from_dict(
             {
@@ -311,12 +316,25 @@ class EvolmTrainer:
         """A conversation when the tokenizer has a chat template (the trainer then applies it), else plain text."""
         return [{"role": "user", "content": text}] if self.tokenizer.chat_template else text
 
+    @contextmanager
+    def _phase_model(self, model_path: str, role: str) -> Iterator[object]:
+        """What builds a phase's dataset from `model_path`: an in-process vLLM engine when `role` trains with a
+        colocated one (`builds_datasets_with_vllm`), shut down before the phase trains, else the model itself."""
+        args = self.args.policy_args if role == "policy" else self.args.rubric_args
+        if builds_datasets_with_vllm(args, PartialState().num_processes):
+            with dataset_engine(model_path, args) as llm:
+                yield llm
+        else:
+            yield _load_model(model_path)
+
     def _generator(self, model, label: str, temperature: float) -> Callable[[list[str]], list[str]]:
-        """`generate(texts)` from `model` at `temperature`, seeded by `label` (the phase, never a path: the run must
-        not depend on where it is written) and the call's number, so a rebuilt dataset is the same."""
+        """`generate(texts)` from `model` (a model, or a vLLM engine) at `temperature`, seeded by `label` (the phase,
+        never a path: the run must not depend on where it is written) and the call's number, so a rebuilt dataset is
+        the same."""
         max_tokens = self.args.policy_args.max_completion_length
         seed_parts = (self.args.seed, "generate", label)
-        return text_generator(model, self.tokenizer, max_tokens, temperature, seed_parts, as_prompt=self._prompt)
+        make = text_generator if isinstance(model, torch.nn.Module) else vllm_text_generator
+        return make(model, self.tokenizer, max_tokens, temperature, seed_parts, as_prompt=self._prompt)
 
 
 class JudgeFailureGuard:
