@@ -28,6 +28,11 @@ _SUBTRACT = [
     "{name} had {a} {things} and lost {b} of them. How many {things} does {name} have now?",
     "What is {a} minus {b}?",
 ]
+# Every question comes from one of these templates (additions first), so a solver's habits can depend on the template.
+TEMPLATES = (*_ADD, *_SUBTRACT)
+_TEMPLATE_PATTERNS = [
+    re.compile("^" + re.sub(r"\\\{(\w+)\\\}", ".+?", re.escape(template)) + "$") for template in TEMPLATES
+]
 MAX_OPERAND = 10  # sums up to 20; subtraction from numbers up to 20
 _HELD_OUT_SPLITS = ("train", "test")
 _NUMBER = re.compile(r"-?\d+")
@@ -71,6 +76,14 @@ def _held_out_questions() -> set[str]:
     if not _HELD_OUT_CACHE:
         _HELD_OUT_CACHE.update(problem(split, i)[0] for split in _HELD_OUT_SPLITS for i in range(10_000))
     return _HELD_OUT_CACHE
+
+
+def template_of(question: str) -> int:
+    """The index in `TEMPLATES` of the template that wrote `question`."""
+    for index, pattern in enumerate(_TEMPLATE_PATTERNS):
+        if pattern.match(question):
+            return index
+    raise ValueError(f"{question!r} is not a question of this task: it matches none of its templates.")
 
 
 def prompt_of(question: str) -> str:
