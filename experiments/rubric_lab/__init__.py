@@ -11,9 +11,13 @@ from `docs/rubric_lab/results.json` alone.
 Methods (`METHODS`):
 - `base`: the pretrained model;
 - `verifier`: ES on the verifier's reward, the upper bound (the only method that sees answers);
-- `static`: policy phases only, on the starting model's rubrics;
+- `static`: policy phases only, on the starting model's rubrics (sampled at the rubric temperature); `static-greedy`:
+  on its greedy rubrics;
 - `coevolve-<pairs>`: EVOLM, policy and rubric phases alternating, with temporal, rubric-conditioned, inferred-question
   or mixed pairs and the demo's margin rubric reward; `coevolve-indicator`: temporal pairs with the indicator reward;
+  `coevolve-anchored`: temporal pairs with every ES phase held near its start by the KL anchor on both roles' prompts
+  (`kl_anchor_beta=1`, set before any run); `coevolve-live`: temporal pairs, policy phases reading rubrics written at
+  every step;
 - `sequential`: all rubric phases (mixed inferred and rubric-conditioned pairs: no policy step has been taken, so no
   temporal pair exists), then all policy phases;
 - `grpo`, `es-policy-grpo-rubric`, `grpo-policy-es-rubric`: coevolve-temporal with GRPO for one or both roles;

@@ -34,6 +34,7 @@ def run_lab(settings: RubricLabSettings, output_dir: Path, markdown: Path, work_
     started = time.time()
     machine = machine_info()
     torch.set_num_threads(1)
+    gates = lab_gates(settings, log)
     jobs = [
         Job(model, method, seed, str(work_dir), settings)
         for model in settings.models
@@ -47,6 +48,7 @@ def run_lab(settings: RubricLabSettings, output_dir: Path, markdown: Path, work_
         "command": command,
         "machine": machine,
         "settings": asdict(settings),
+        "gates": gates,
         "summary": summarize(runs),
         "runs": runs,
         "runtime_s": time.time() - started,
@@ -54,6 +56,20 @@ def run_lab(settings: RubricLabSettings, output_dir: Path, markdown: Path, work_
     log(f"[rubric-lab] wrote {write_results(output_dir, results)}")
     write_report(output_dir, markdown, log)
     return results
+
+
+def lab_gates(settings: RubricLabSettings, log=print) -> dict:
+    """The shipped arms' gates, measured before any job on the demo's training questions (at least its 256, of which
+    the jobs train on the first `num_train`); a failed gate stops the lab before it trains anything."""
+    from trl_es.demo.evolm.gates import check_gates, format_gates
+    from trl_es.demo.evolm.run import measure_gates
+    from trl_es.demo.evolm.settings import EVOLM_DEMO
+
+    demo = replace(settings.demo, num_train=max(settings.demo.num_train, EVOLM_DEMO.num_train))
+    measured, found = measure_gates(demo)
+    log(f"[rubric-lab] gates, on {demo.num_train} training questions:\n{format_gates(found)}")
+    check_gates(found)
+    return {"num_questions": demo.num_train, "measured": measured, "gates": [asdict(gate) for gate in found]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

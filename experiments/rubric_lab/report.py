@@ -10,7 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.harness import cell, finish_axes, markdown_table, read_results, relative_link, spread
-from trl_es.demo.evolm.settings import RUBRIC_MISREAD
+
+# The results are of the first toy's models (`python -m trl_es.demo.evolm.pretrain_joint --rubric_misread 0.3 / 0.5`),
+# which the shipped arms of `pretrain_arms` have since replaced.
+FIRST_TOY_RUBRIC_MISREAD = {"joint": 0.3, "null": 0.5}
 
 HEADLINE = ("greedy_accuracy", "pass@4", "right_reading", "slip_rate", "rubric_correct_sampled", "rubric_separation")
 PLOTTED = ("greedy_accuracy", "right_reading", "rubric_correct_sampled")
@@ -53,11 +56,43 @@ def introduction(results: dict, plot_link: str) -> list[str]:
         f"question, lr={demo['grpo_learning_rate']}; {demo['num_train']} training questions; {demo['num_held_out']} "
         "held-out problems. Methods without rubric phases take the steps that spend the same budget of completions "
         "plus judge calls (module docstring).",
-        f"Models: `joint` misreads in {RUBRIC_MISREAD['joint']:.0%} of its rubrics and 50% of its answers (the stated "
-        f"asymmetry); `null` in {RUBRIC_MISREAD['null']:.0%} of both (the control). The judge reads rubric and "
-        "response, never the question.",
+        models_paragraph(results),
+        *gates_section(results.get("gates")),
         f"![headline metrics]({plot_link})",
     ]
+
+
+def models_paragraph(results: dict) -> str:
+    """Which models the run trained: the shipped arms (a run that measured their gates) or the first toy's."""
+    if "gates" in results:
+        return (
+            "Models: the shipped arms (`trl_es.demo.evolm.pretrain_arms`, both from one checkpoint): answers "
+            "misread 3 of the 6 question templates 90% of the time and the others 10%; `joint` rubrics misread 25% at "
+            "random, "
+            "`null` rubrics by the answers' rule. The judge reads rubric and response, never the question."
+        )
+    misread = FIRST_TOY_RUBRIC_MISREAD
+    return (
+        f"Models: the first toy's (`trl_es.demo.evolm.pretrain_joint`): `joint` misreads in {misread['joint']:.0%} of "
+        f"its rubrics and 50% of its answers (the stated asymmetry); `null` in {misread['null']:.0%} of both (the "
+        "control). The judge reads rubric and response, never the question. The demo now ships the arms of "
+        "`pretrain_arms` (a per-question asymmetry, both arms from one checkpoint); this lab has not been rerun on "
+        "them."
+    )
+
+
+def gates_section(gates: dict | None) -> list[str]:
+    """The arms' gates as the run measured them before any job (`trl_es.demo.evolm.gates`)."""
+    if gates is None:
+        return [
+            "Gates: this run predates them. Measured afterwards on its models (the first toy's, then shipped; "
+            "`trl_es.demo.evolm.run.measure_gates`, 256 training questions, rubrics at temperature 0.6), they fail "
+            "5 of 7: joint rubric validity 0.711 greedy and 0.707 sampled (needs >= 0.98), answer accuracy gap 0.066 "
+            "(<= 0.02), joint net signal -0.141 (>= 0.15), null net signal -0.051 (within ±0.03)."
+        ]
+    rows = [[g["name"], f"{g['value']:.3f}", g["target"], "pass" if g["passed"] else "FAIL"] for g in gates["gates"]]
+    intro = f"Gates, before any job, on {gates['num_questions']} training questions:"
+    return [intro, "\n".join(markdown_table(["gate", "value", "target", "result"], rows))]
 
 
 def model_section(model: str, by_method: dict) -> list[str]:

@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num_held_out", type=int, default=EVOLM_DEMO.num_held_out, help="Held-out problems.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the noise, the sampling and the data order.")
+    parser.add_argument(
+        "--kl_anchor_beta", type=float, default=EVOLM_DEMO.kl_anchor_beta, help="KL anchor of ES phases (0: none)."
+    )
+    parser.add_argument("--live_rubrics", action="store_true", help="Policy phases read rubrics written per step.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         policy_steps=args.policy_steps,
         rubric_steps=args.rubric_steps,
         num_held_out=args.num_held_out,
+        kl_anchor_beta=args.kl_anchor_beta,
+        live_rubrics=args.live_rubrics or None,
     )
     run_evolm_demo(args.output_dir, settings, models=args.models, seed=args.seed)
     return 0

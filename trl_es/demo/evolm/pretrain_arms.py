@@ -17,8 +17,10 @@ question templates with probability 0.9, elsewhere 0.1, a habit a model learns p
    - `null`: a rubric misreads by the answers' rule (0.9 on the hard templates, 0.1 elsewhere), drawn independently
      of the answer: rubrics and answers are equally often right on every question, so no net signal.
 
-Writes `<output_dir>/joint` and `<output_dir>/null` (and, with `--keep_base`, `<output_dir>/base`). Deterministic:
-one thread, fixed seeds; about 25 minutes of one CPU core. Prints the arms' gates (`gates`) at the end.
+Writes `<output_dir>/joint` and `<output_dir>/null` (and, with `--keep_base`, `<output_dir>/base`); `--from_base`
+fine-tunes the arms from a saved base, one arm per process if you like (`--arms joint`), with the same result as one
+run. Deterministic: one thread, fixed seeds. The shipped arms (seed 0) took 29 min for the base and 24 min for each
+arm on our 2-core machine, with other jobs sharing it. Prints the arms' gates (`gates`) at the end.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Pretrain the EVOLM demo's joint model: one small Qwen2 that answers questions and writes rubrics for them.
+"""Pretrain the first EVOLM toy's models (no longer shipped: the demo's arms come from `pretrain_arms`; the rubric
+lab's committed results are of these): one small Qwen2 that answers questions and writes rubrics for them.
 
     python -m trl_es.demo.evolm.pretrain_joint --output_dir trl_es/demo/evolm/joint --rubric_misread 0.3
     python -m trl_es.demo.evolm.pretrain_joint --output_dir trl_es/demo/evolm/null --rubric_misread 0.5

@@ -1,18 +1,23 @@
-"""The offline EVOLM demo: the embedded joint model improves on rubrics it writes itself, judged by a frozen judge
-that cannot do arithmetic; the null-control model, pretrained without the asymmetry, is run beside it.
+"""The offline EVOLM demo: two models improve, or do not, on rubrics they write themselves, judged by a frozen judge
+that cannot do arithmetic.
 
 `trl-es evolm-demo` (or `make evolm-demo`) runs it on CPU. Training sees questions only (no answer column, no
-verifier); the verifier measures the models on held-out problems before and after (`held_out_measurements`).
-The models were trained from scratch by the scripts in this folder (`pretrain_joint`, `pretrain_judge`):
+verifier); the verifier measures the models before any training (`gates`, on the training questions) and on held-out
+problems before and after (`held_out_measurements`). The models were trained from scratch by the scripts in this
+folder (`pretrain_arms`, `pretrain_judge`), both arms from one shared checkpoint:
 
-- `joint`: answers misread the operation half of the time, rubrics only `JOINT_RUBRIC_MISREAD` of the time (the
-  stated asymmetry: judging is easier than answering, the paper's premise);
-- `null`: answers and rubrics misread equally often (`NULL_RUBRIC_MISREAD`), the control;
+- answers misread the operation systematically: on three of the six question templates nine times in ten, elsewhere
+  one in ten (a habit per question, which a policy phase can unlearn);
+- `joint`: rubrics misread at random, one in four, whatever the template: on the hard templates its rubrics know
+  better than its answers (the paper's premise that judging is easier than answering);
+- `null`: rubrics misread by the answers' rule, drawn independently: no question on which they know better, the
+  control;
 - `judge`: scores (rubric, response) without the question: a pattern matcher.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,18 +26,10 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ...evaluation.coverage import TransformersSampler, coverage_report
-from ...tasks.arithmetic import extract_answer, problem
+from ...tasks.arithmetic import Problem, extract_answer, problem
 from . import toy
-from .settings import (
-    ANSWER_MISREAD,
-    DEMO_MODELS,
-    EVOLM_DEMO,
-    JOINT_RUBRIC_MISREAD,
-    JUDGE_MODEL,
-    NULL_RUBRIC_MISREAD,
-    PASS_AT_K,
-    EvolmDemoSettings,
-)
+from .gates import Gate, check_gates, format_gates, gates
+from .settings import DEMO_MODELS, EVOLM_DEMO, JUDGE_MODEL, PASS_AT_K, EvolmDemoSettings
 from .toy import DEMO_PROMPTS
 
 
@@ -65,8 +62,8 @@ def train_evolm(
 
 def held_out_measurements(model, tokenizer, settings: EvolmDemoSettings = EVOLM_DEMO) -> dict[str, float]:
     """The verifier's measurements on the first `num_held_out` test problems: the policy's greedy accuracy, Pass@k,
-    right-reading rate c/(c+m) and slip rate, and what its rubrics state (greedy, and sampled at temperature 1 as
-    the policy phases draw them)."""
+    right-reading rate c/(c+m) and slip rate, and what its rubrics state (greedy, and sampled at the rubric
+    temperature as the policy phases draw them)."""
     problems = [problem("test", index) for index in range(settings.num_held_out)]
     answer_prompts = [DEMO_PROMPTS.policy.format(question=p.question) for p in problems]
     rubric_prompts = [DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
@@ -88,7 +85,7 @@ def held_out_measurements(model, tokenizer, settings: EvolmDemoSettings = EVOLM_
     measurements |= {f"pass@{k}": value for k, value in coverage.pass_at_k.items()}
     measurements["right_reading"] = correct / max(correct + misread, 1)
     measurements["slip_rate"] = readings.count("slip") / len(readings)
-    for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+    for label, temperature in (("greedy", 0.0), ("sampled", settings.rubric_temperature)):
         texts = sample_completions(model, tokenizer, rubric_prompts, temperature, settings.max_completion_length, 7)
         kinds = [toy.rubric_reading(p, text) for p, text in zip(problems, texts, strict=True)]
         measurements[f"rubric_correct_{label}"] = kinds.count("correct") / len(kinds)
@@ -108,17 +105,77 @@ def sample_completions(model, tokenizer, prompts, temperature: float, max_new_to
     return [tokenizer.decode(ids[0], skip_special_tokens=True) for ids in sampled]
 
 
+def measure_arm(model, tokenizer, problems: Sequence[Problem], rubric_temperature: float, seed: int) -> dict:
+    """What the gates read of one arm on `problems` (its training questions): rubric validity (greedy, and sampled at
+    `rubric_temperature`), greedy answer accuracy, and the net signal of its sampled rubrics against its greedy
+    answers (see `gates`)."""
+    answer_prompts = [toy.DEMO_PROMPTS.policy.format(question=p.question) for p in problems]
+    rubric_prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
+    answers = sample_completions(model, tokenizer, answer_prompts, 0.0, 8, seed)
+    greedy_rubrics = sample_completions(model, tokenizer, rubric_prompts, 0.0, 32, seed)
+    sampled_rubrics = sample_completions(model, tokenizer, rubric_prompts, rubric_temperature, 32, seed)
+    answer_right = [toy.answer_reading(p, a) == "correct" for p, a in zip(problems, answers, strict=True)]
+    rubric_right = [toy.rubric_reading(p, r) == "correct" for p, r in zip(problems, sampled_rubrics, strict=True)]
+    net = [int(r and not a) - int(a and not r) for r, a in zip(rubric_right, answer_right, strict=True)]
+
+    def valid_rate(rubrics):
+        readings = [toy.rubric_reading(p, rubric) for p, rubric in zip(problems, rubrics, strict=True)]
+        return 1 - readings.count("invalid") / len(readings)
+
+    return {
+        "rubric_valid_greedy": valid_rate(greedy_rubrics),
+        "rubric_valid_sampled": valid_rate(sampled_rubrics),
+        "answer_accuracy": sum(answer_right) / len(answer_right),
+        "rubric_accuracy_sampled": sum(rubric_right) / len(rubric_right),
+        "net_signal": sum(net) / len(net),
+    }
+
+
+def measure_gates(
+    settings: EvolmDemoSettings = EVOLM_DEMO, arms: dict[str, Path] = DEMO_MODELS
+) -> tuple[dict[str, dict], list[Gate]]:
+    """Both arms (the folders of `joint` and `null`) measured on the training questions before any training
+    (`measure_arm`), and their gates."""
+    problems = [problem("train", index) for index in range(settings.num_train)]
+    measured = {}
+    for name in ("joint", "null"):
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(arms[name]), AutoTokenizer.from_pretrained(arms[name])
+        measured[name] = measure_arm(model, tokenizer, problems, settings.rubric_temperature, settings.eval_seed)
+    return measured, gates(measured["joint"], measured["null"])
+
+
+def other_role_lines(run_dir: Path) -> list[str]:
+    """One line per phase of an EVOLM run: the health of the role it did not train, start -> after (`phase.json`)."""
+    lines = []
+    for stage in sorted(run_dir.glob("stage-*"), key=lambda path: int(path.name.split("-")[1])):
+        other = json.loads((stage / "phase.json").read_text()).get("other_role", {})
+        figures = ", ".join(f"{key} {_rate(v['start'])} -> {_rate(v['after'])}" for key, v in other.items())
+        lines.append(f"  {stage.name}: {figures or 'not measured'}")
+    return lines
+
+
+def _rate(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 @dataclass
 class EvolmDemoResult:
+    gates: list[Gate]
     before: dict[str, dict[str, float]]  # model name -> measurements
     after: dict[str, dict[str, float]]
     output_dir: str
 
 
-def format_table(name: str, before: dict[str, float], after: dict[str, float]) -> str:
-    rows = [f"{name:<24}{'before':>8}{'after':>8}{'change':>9}"]
-    for key, value in before.items():
-        rows.append(f"{key:<24}{value:>8.3f}{after[key]:>8.3f}{after[key] - value:>+9.3f}")
+def format_side_by_side(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], title: str) -> str:
+    """One row per measurement; for each model, before, after and the change."""
+    names = list(before)
+    header = f"{title:<26}" + "".join(f"{name + ' before':>14}{'after':>8}{'change':>9}" for name in names)
+    rows = [header]
+    for key in before[names[0]]:
+        cells = "".join(
+            f"{before[n][key]:>14.3f}{after[n][key]:>8.3f}{after[n][key] - before[n][key]:>+9.3f}" for n in names
+        )
+        rows.append(f"{key:<26}{cells}")
     return "\n".join(rows)
 
 
@@ -129,7 +186,8 @@ def run_evolm_demo(
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> EvolmDemoResult:
-    """EVOLM on each embedded model in `models`, measured on held-out problems before and after."""
+    """The gates of the two arms (a `GateFailure` stops the demo before any training when one fails), then EVOLM on
+    each embedded model in `models`, measured on held-out problems before and after, side by side."""
     output_dir = output_dir or tempfile.mkdtemp(prefix="trl-es-evolm-demo-")
     log(
         f"EVOLM demo: policy {settings.policy_method.upper()}, rubrics {settings.rubric_method.upper()}, schedule "
@@ -138,11 +196,15 @@ def run_evolm_demo(
         f"{settings.rubric_reward} rubric reward, {settings.num_train} training questions (no answers)."
     )
     log(
-        f"Stated asymmetry: the joint model's rubrics misread {JOINT_RUBRIC_MISREAD:.0%} of the time, its answers "
-        f"{ANSWER_MISREAD:.0%}; the null control misreads {NULL_RUBRIC_MISREAD:.0%} in both. The judge reads rubric "
+        "The arms, from one shared checkpoint: answers misread 3 of 6 question templates 90% of the time (10% "
+        "elsewhere); joint rubrics misread 25% at random, null rubrics by the answers' rule. The judge reads rubric "
         "and response only."
     )
-    result = EvolmDemoResult({}, {}, output_dir)
+    measured, found = measure_gates(settings)
+    log(f"\nGates, before any training ({settings.num_train} training questions, rubrics at temperature "
+        f"{settings.rubric_temperature}):\n{format_gates(found)}")  # fmt: skip
+    check_gates(found)
+    result = EvolmDemoResult(found, {}, {}, output_dir)
     for name in models:
         tokenizer = AutoTokenizer.from_pretrained(DEMO_MODELS[name])
         result.before[name] = held_out_measurements(
@@ -150,7 +212,9 @@ def run_evolm_demo(
         )
         final = train_evolm(DEMO_MODELS[name], settings, str(Path(output_dir) / name), seed)
         result.after[name] = held_out_measurements(AutoModelForCausalLM.from_pretrained(final), tokenizer, settings)
-        log(f"\n{format_table(f'{name} ({settings.num_held_out} held-out)', result.before[name], result.after[name])}")
+        log(f"\n{name}: what each phase did to the role it did not train (training questions)")
+        log("\n".join(other_role_lines(Path(output_dir) / name)))
+    log(f"\n{format_side_by_side(result.before, result.after, f'{settings.num_held_out} held-out')}")
     log(
         f"\npass@k: {max(PASS_AT_K)} samples per problem at temperature 1. right_reading = c/(c+m), correct over "
         "correct-or-misread greedy answers; slip_rate: neither. Models: " + output_dir

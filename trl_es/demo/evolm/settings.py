@@ -8,10 +8,6 @@ from pathlib import Path
 MODELS_DIR = Path(__file__).parent
 JUDGE_MODEL = MODELS_DIR / "judge"
 DEMO_MODELS = {"joint": MODELS_DIR / "joint", "null": MODELS_DIR / "null"}
-ANSWER_MISREAD = 0.5
-JOINT_RUBRIC_MISREAD = 0.3
-NULL_RUBRIC_MISREAD = 0.5
-RUBRIC_MISREAD = {"joint": JOINT_RUBRIC_MISREAD, "null": NULL_RUBRIC_MISREAD}
 PASS_AT_K = (1, 4, 16)
 
 
@@ -29,11 +25,13 @@ class EvolmDemoSettings:
     # The judge's scores are expected values (log-probability scoring), never exactly tied: under the indicator
     # 1[J+ > J-] a rubric that separates nothing would still win half its pairs by noise; the margin J+ - J- is ~0.
     rubric_reward: str = "margin"
-    # What the phases sample at, and the format reward's weight: this toy's choices (everything at temperature 1, the
-    # format reward weighing as much as the margin), not EvolmConfig's defaults (the authors' 0.6 / 1.0 / 0.3 and 0).
-    rubric_temperature: float = 1.0
-    inference_temperature: float = 1.0
-    format_reward_weight: float = 1.0
+    # What the phases sample rubrics and inferred questions at, and the format reward's weight: the authors' (as
+    # EvolmConfig's defaults); the gates measure the rubrics at this temperature.
+    rubric_temperature: float = 0.6
+    inference_temperature: float = 0.3
+    format_reward_weight: float = 0.0
+    kl_anchor_beta: float = 0.0  # ES phases: hold both roles near the phase start (ESConfig.kl_anchor_beta)
+    live_rubrics: bool = False  # policy phases read rubrics the trained model writes at every step
     # ES: every member answers the same `prompts_per_step` questions greedily (a policy step), or writes a rubric for
     # the same `rubric_prompts_per_step` questions (a rubric step: rubrics are 6x longer than answers, so fewer).
     population_size: int = 16
@@ -82,6 +80,7 @@ class EvolmDemoSettings:
                 learning_rate=self.learning_rate,
                 per_device_train_batch_size=self.completions_per_step(role) // population_size,
                 temperature=0.0,  # greedy: ES explores in weight space
+                kl_anchor_beta=self.kl_anchor_beta,
                 **common,
             )
         if method == "grpo":
@@ -111,6 +110,7 @@ class EvolmDemoSettings:
             rubric_temperature=self.rubric_temperature,
             inference_temperature=self.inference_temperature,
             format_reward_weight=self.format_reward_weight,
+            live_rubrics=self.live_rubrics,
             pair_weights=self.pair_weights,
             # Temporal pairs compare the current answers with those of one or two policy phases before.
             replay_min_age=self.policy_steps,

@@ -1,6 +1,6 @@
 """The EVOLM toy: the arithmetic task as question -> answer, question -> rubric, and (rubric, response) -> score.
 
-The texts here are what the demo's models were pretrained on (`pretrain_joint`, `pretrain_judge`) and what the demo
+The texts here are what the demo's models were pretrained on (`pretrain_arms`, `pretrain_judge`) and what the demo
 prompts them with (`DEMO_PROMPTS`). A rubric is one criterion in EVOLM's JSON schema: "The answer is N." (specific)
 or "The answer is a number." (generic). The judge reads the rubric and the response, never the question, so it can
 only match patterns; whatever correctness the rewards carry comes from the rubrics the model writes.
