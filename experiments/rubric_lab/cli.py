@@ -65,11 +65,11 @@ def lab_gates(settings: RubricLabSettings, log=print) -> dict:
     from trl_es.demo.evolm.run import measure_gates
     from trl_es.demo.evolm.settings import EVOLM_DEMO
 
-    demo = replace(settings.demo, num_train=max(settings.demo.num_train, EVOLM_DEMO.num_train))
-    measured, found = measure_gates(demo)
-    log(f"[rubric-lab] gates, on {demo.num_train} training questions:\n{format_gates(found)}")
+    questions = max(settings.demo.num_train, EVOLM_DEMO.num_train)
+    measured, found = measure_gates(settings.demo)
+    log(f"[rubric-lab] gates, on {questions} training questions:\n{format_gates(found)}")
     check_gates(found)
-    return {"num_questions": demo.num_train, "measured": measured, "gates": [asdict(gate) for gate in found]}
+    return {"num_questions": questions, "measured": measured, "gates": [asdict(gate) for gate in found]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

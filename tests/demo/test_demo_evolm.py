@@ -165,3 +165,19 @@ def test_the_demo_prints_what_each_phase_did_to_the_other_role(tmp_path):
         "  stage-0-policy-es: rubric_valid_rate 1.000 -> 0.250",
         "  stage-1-rubric-es: not measured",
     ]
+
+
+@pytest.mark.slow
+def test_the_demo_prints_the_gates_then_trains_both_arms_side_by_side(tmp_path):
+    """`run_evolm_demo` end to end, at a tiny size, the two arms in two processes."""
+    settings = replace(EVOLM_DEMO, rounds=1, policy_steps=1, rubric_steps=1, population_size=4, prompts_per_step=8)
+    settings = replace(settings, rubric_population_size=4, rubric_prompts_per_step=2, num_train=32, num_held_out=16)
+    settings = replace(settings, pair_weights={"temporal": 1.0, "inferred": 1.0, "rubric_conditioned": 1.0})
+    printed = []
+    result = run.run_evolm_demo(str(tmp_path), settings, seed=0, log=printed.append, processes=2)
+    text = "\n".join(printed)
+    assert text.index("Gates, before any training (256 training questions") < text.index("Training joint, null (2")
+    assert all(gate.passed for gate in result.gates) and len(result.gates) == 7
+    assert set(result.before) == set(result.after) == {"joint", "null"}
+    assert "stage-0-policy-es: rubric_valid_rate" in text and "16 held-out" in printed[-2]
+    assert all(0 <= result.after[name]["greedy_accuracy"] <= 1 for name in result.after)

@@ -18,8 +18,11 @@ folder (`pretrain_arms`, `pretrain_judge`), both arms from one shared checkpoint
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,9 +137,9 @@ def measure_arm(model, tokenizer, problems: Sequence[Problem], rubric_temperatur
 def measure_gates(
     settings: EvolmDemoSettings = EVOLM_DEMO, arms: dict[str, Path] = DEMO_MODELS
 ) -> tuple[dict[str, dict], list[Gate]]:
-    """Both arms (the folders of `joint` and `null`) measured on the training questions before any training
-    (`measure_arm`), and their gates."""
-    problems = [problem("train", index) for index in range(settings.num_train)]
+    """Both arms (the folders of `joint` and `null`) measured before any training (`measure_arm`) on the training
+    questions, at least the demo's 256 (a shorter run trains on the first of them), and their gates."""
+    problems = [problem("train", index) for index in range(max(settings.num_train, EVOLM_DEMO.num_train))]
     measured = {}
     for name in ("joint", "null"):
         model, tokenizer = AutoModelForCausalLM.from_pretrained(arms[name]), AutoTokenizer.from_pretrained(arms[name])
@@ -179,15 +182,31 @@ def format_side_by_side(before: dict[str, dict[str, float]], after: dict[str, di
     return "\n".join(rows)
 
 
+def train_and_measure(job: tuple, sharing: int = 1) -> tuple[dict, dict, list[str]]:
+    """One arm of the demo, `job = (name, settings, output_dir, seed)`: its held-out measurements before and after
+    EVOLM, and what each phase did to the other role. `sharing` processes share the machine's threads."""
+    import torch
+
+    name, settings, output_dir, seed = job
+    torch.set_num_threads(max(1, torch.get_num_threads() // sharing))
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODELS[name])
+    before = held_out_measurements(AutoModelForCausalLM.from_pretrained(DEMO_MODELS[name]), tokenizer, settings)
+    final = train_evolm(DEMO_MODELS[name], settings, output_dir, seed)
+    after = held_out_measurements(AutoModelForCausalLM.from_pretrained(final), tokenizer, settings)
+    return before, after, other_role_lines(Path(output_dir))
+
+
 def run_evolm_demo(
     output_dir: str | None = None,
     settings: EvolmDemoSettings = EVOLM_DEMO,
     models: Sequence[str] = ("joint", "null"),
     seed: int = 0,
     log: Callable[[str], None] = print,
+    processes: int | None = None,
 ) -> EvolmDemoResult:
     """The gates of the two arms (a `GateFailure` stops the demo before any training when one fails), then EVOLM on
-    each embedded model in `models`, measured on held-out problems before and after, side by side."""
+    each embedded model in `models` (in `processes` processes at once, by default one per model up to the CPU
+    count), measured on held-out problems before and after, side by side."""
     output_dir = output_dir or tempfile.mkdtemp(prefix="trl-es-evolm-demo-")
     log(
         f"EVOLM demo: policy {settings.policy_method.upper()}, rubrics {settings.rubric_method.upper()}, schedule "
@@ -200,20 +219,23 @@ def run_evolm_demo(
         "elsewhere); joint rubrics misread 25% at random, null rubrics by the answers' rule. The judge reads rubric "
         "and response only."
     )
-    measured, found = measure_gates(settings)
-    log(f"\nGates, before any training ({settings.num_train} training questions, rubrics at temperature "
+    _, found = measure_gates(settings)
+    questions = max(settings.num_train, EVOLM_DEMO.num_train)
+    log(f"\nGates, before any training ({questions} training questions, rubrics at temperature "
         f"{settings.rubric_temperature}):\n{format_gates(found)}")  # fmt: skip
     check_gates(found)
     result = EvolmDemoResult(found, {}, {}, output_dir)
-    for name in models:
-        tokenizer = AutoTokenizer.from_pretrained(DEMO_MODELS[name])
-        result.before[name] = held_out_measurements(
-            AutoModelForCausalLM.from_pretrained(DEMO_MODELS[name]), tokenizer, settings
-        )
-        final = train_evolm(DEMO_MODELS[name], settings, str(Path(output_dir) / name), seed)
-        result.after[name] = held_out_measurements(AutoModelForCausalLM.from_pretrained(final), tokenizer, settings)
-        log(f"\n{name}: what each phase did to the role it did not train (training questions)")
-        log("\n".join(other_role_lines(Path(output_dir) / name)))
+    jobs = [(name, settings, str(Path(output_dir) / name), seed) for name in models]
+    processes = min(len(jobs), processes or os.cpu_count() or 1)
+    log(f"\nTraining {', '.join(models)} ({processes} at a time)...")
+    if processes > 1:  # the arms are independent: one process each (spawned: no inherited torch state)
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            outcomes = list(pool.map(train_and_measure, jobs, [processes] * len(jobs)))
+    else:
+        outcomes = [train_and_measure(job) for job in jobs]
+    for name, (before, after, lines) in zip(models, outcomes, strict=True):
+        result.before[name], result.after[name] = before, after
+        log(f"\n{name}: what each phase did to the role it did not train (training questions)\n" + "\n".join(lines))
     log(f"\n{format_side_by_side(result.before, result.after, f'{settings.num_held_out} held-out')}")
     log(
         f"\npass@k: {max(PASS_AT_K)} samples per problem at temperature 1. right_reading = c/(c+m), correct over "
