@@ -71,13 +71,18 @@ def phase_diagnostics(
     if verifier.rubric_is_correct is not None:
         rubric_right = [verifier.rubric_is_correct(q, r) for q, r in zip(questions, rubrics, strict=True)]
         found["rubric_accuracy"] = sum(rubric_right) / len(rubric_right) if rubric_right else None
-        signal = [int(r and not a) - int(a and not r) for r, a in zip(rubric_right, answer_right, strict=True)]
-        found["net_signal"] = sum(signal) / len(signal) if signal else None
+        found["net_signal"] = net_signal(rubric_right, answer_right) if rubric_right else None
     if pairs is not None:
         found["pair_balance"] = pair_balance(pairs, verifier)
     if answer_greedily is not None and verifier.held_out_questions:
         found["held_out_accuracy"] = held_out_accuracy(answer_greedily, verifier)
     return found
+
+
+def net_signal(rubric_right: Sequence[bool], answer_right: Sequence[bool]) -> float:
+    """P(rubric right, answer wrong) - P(rubric wrong, answer right) over the same questions."""
+    signal = [int(r and not a) - int(a and not r) for r, a in zip(rubric_right, answer_right, strict=True)]
+    return sum(signal) / len(signal)
 
 
 def pair_balance(pairs: Sequence[Pair], verifier: EvalVerifier) -> dict[str, dict[str, int]]:

@@ -260,7 +260,7 @@ class EvolmTrainer:
         did to the role it did not train."""
         found = self._measure(model, answers, rubrics, stage_dir.name, pairs)
         logger.info(f"{stage_dir.name} starts from a model with {json.dumps(found)}")
-        index = _stage_index(stage_dir)
+        index = stage_index(stage_dir)
         if index > 0:
             self._record_after(self.sequence.stage_dir(index - 1), self.args.phases()[index - 1], found)
         return found
@@ -282,8 +282,7 @@ class EvolmTrainer:
             key: {"start": start.get(key), "after": after.get(key)} for key in OTHER_ROLE_HEALTH[role] if key in after
         }
         _write_info(stage_dir, {**info, "after": after, "other_role": other})
-        changes = ", ".join(f"{key} {_figure(v['start'])} -> {_figure(v['after'])}" for key, v in other.items())
-        logger.info(f"{stage_dir.name} ({role} phase) left the other role with {changes}")
+        logger.info(f"{stage_dir.name} ({role} phase) left the other role with {format_other_role(other)}")
 
     def _greedy_answers(self, model, label: str) -> Callable[[list[str]], list[str]]:
         """questions -> `model`'s greedy answers (held-out accuracy, the guard's probe)."""
@@ -297,16 +296,16 @@ class EvolmTrainer:
     def _replay_buffer(self, stage_dir: Path) -> ReplayBuffer:
         """The buffer as the latest earlier phase saved it (a new one before the first). Never this phase's own: a
         phase rebuilt after a crash must not see the answers it recorded before."""
-        index = _stage_index(stage_dir)
-        for earlier in sorted(self.output_dir.glob("stage-*"), key=_stage_index, reverse=True):
-            if _stage_index(earlier) < index and (earlier / REPLAY_FILE).is_file():
+        index = stage_index(stage_dir)
+        for earlier in sorted(self.output_dir.glob("stage-*"), key=stage_index, reverse=True):
+            if stage_index(earlier) < index and (earlier / REPLAY_FILE).is_file():
                 return ReplayBuffer.load(earlier / REPLAY_FILE)
         args = self.args
         return ReplayBuffer(args.replay_maxlen, args.replay_min_age, args.replay_max_age, seed=args.seed)
 
     def _policy_steps_before(self, stage_dir: Path) -> int:
         """Policy steps trained before this phase: what the replay buffer's ages count."""
-        roles = self.args.phases()[: _stage_index(stage_dir)]
+        roles = self.args.phases()[: stage_index(stage_dir)]
         return self.args.policy_args.max_steps * roles.count("policy")
 
     def _rendered(self, template: str) -> list[str]:
@@ -379,7 +378,8 @@ def _check_judge_is_separate(judge, model: str) -> None:
         )
 
 
-def _stage_index(stage_dir: Path) -> int:
+def stage_index(stage_dir: Path) -> int:
+    """The position of a phase's folder, `stage-<i>-...`, in the run."""
     return int(stage_dir.name.split("-")[1])
 
 
@@ -388,8 +388,13 @@ def _read_info(stage_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _figure(value) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def format_other_role(other: dict) -> str:
+    """A phase's `other_role` record as one line: `key start -> after, ...`."""
+
+    def figure(value) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    return ", ".join(f"{key} {figure(v['start'])} -> {figure(v['after'])}" for key, v in other.items())
 
 
 def _write_info(stage_dir: Path, info: dict) -> None:

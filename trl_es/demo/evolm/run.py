@@ -29,6 +29,8 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ...evaluation.coverage import TransformersSampler, coverage_report
+from ...evolm.diagnostics import net_signal
+from ...evolm.trainer import PHASE_INFO_FILE, format_other_role, stage_index
 from ...tasks.arithmetic import Problem, extract_answer, problem
 from . import toy
 from .gates import Gate, check_gates, format_gates, gates
@@ -119,7 +121,6 @@ def measure_arm(model, tokenizer, problems: Sequence[Problem], rubric_temperatur
     sampled_rubrics = sample_completions(model, tokenizer, rubric_prompts, rubric_temperature, 32, seed)
     answer_right = [toy.answer_reading(p, a) == "correct" for p, a in zip(problems, answers, strict=True)]
     rubric_right = [toy.rubric_reading(p, r) == "correct" for p, r in zip(problems, sampled_rubrics, strict=True)]
-    net = [int(r and not a) - int(a and not r) for r, a in zip(rubric_right, answer_right, strict=True)]
 
     def valid_rate(rubrics):
         readings = [toy.rubric_reading(p, rubric) for p, rubric in zip(problems, rubrics, strict=True)]
@@ -130,7 +131,7 @@ def measure_arm(model, tokenizer, problems: Sequence[Problem], rubric_temperatur
         "rubric_valid_sampled": valid_rate(sampled_rubrics),
         "answer_accuracy": sum(answer_right) / len(answer_right),
         "rubric_accuracy_sampled": sum(rubric_right) / len(rubric_right),
-        "net_signal": sum(net) / len(net),
+        "net_signal": net_signal(rubric_right, answer_right),
     }
 
 
@@ -148,17 +149,13 @@ def measure_gates(
 
 
 def other_role_lines(run_dir: Path) -> list[str]:
-    """One line per phase of an EVOLM run: the health of the role it did not train, start -> after (`phase.json`)."""
+    """One line per phase of an EVOLM run: the health of the role it did not train, start -> after (`phase.json`),
+    as the trainer logs it."""
     lines = []
-    for stage in sorted(run_dir.glob("stage-*"), key=lambda path: int(path.name.split("-")[1])):
-        other = json.loads((stage / "phase.json").read_text()).get("other_role", {})
-        figures = ", ".join(f"{key} {_rate(v['start'])} -> {_rate(v['after'])}" for key, v in other.items())
-        lines.append(f"  {stage.name}: {figures or 'not measured'}")
+    for stage in sorted(run_dir.glob("stage-*"), key=stage_index):
+        other = json.loads((stage / PHASE_INFO_FILE).read_text()).get("other_role", {})
+        lines.append(f"  {stage.name}: {format_other_role(other) or 'not measured'}")
     return lines
-
-
-def _rate(value) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 @dataclass
