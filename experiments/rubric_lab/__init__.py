@@ -1,12 +1,15 @@
 """The rubric lab: EVOLM's variants and baselines at equal budgets, on the demo's joint model and its null control.
 
-`make rubric-lab` (`python -m experiments.rubric_lab` from the repository root) trains every method from each
-embedded model of the EVOLM demo (`trl_es/demo/evolm/`) for several seeds and measures, on held-out problems, with
-the verifier (which only the `verifier` method also trains on): greedy accuracy, Pass@k, the right-reading rate
-c/(c+m), the slip rate, the rubrics' correctness, genericity and validity, how often the greedy rubric makes the judge
-separate the right answer from the misread one, and the judge's failure rate. It writes `results.json`, a plot and
-a Markdown report (`docs/rubric_lab.md`); `python -m experiments.rubric_lab --report` redraws the plot and the report
-from `docs/rubric_lab/results.json` alone.
+`make rubric-lab` (`python -m experiments.rubric_lab` from the repository root) measures the gates of the joint and
+null arms of every pretraining seed (`arms`: seed 0 is the pair the demo ships, the others are pretrained first),
+refuses to go on if one fails, then trains every method from each arm for every training seed and measures, on
+held-out problems, with the verifier (which only the `verifier` method also trains on): greedy accuracy, Pass@k, the
+right-reading rate c/(c+m), the slip rate, the rubrics' correctness, genericity and validity, how often the greedy
+rubric makes the judge separate the right answer from the misread one, and the judge's failure rate; every EVOLM
+phase's diagnostics read the same verifier, for evaluation only. Accuracies and the differences the goal reads carry
+bootstrap intervals over pretraining seeds and problems (`stats`). It writes `results.json`, two plots and a Markdown
+report (`docs/rubric_lab.md`); `python -m experiments.rubric_lab --report` redraws the plots and the report from
+`docs/rubric_lab/results.json` alone.
 
 Methods (`METHODS`):
 - `base`: the pretrained model;
@@ -31,8 +34,9 @@ and rejected), a verifier step `N x B` completions only. Methods without rubric 
 same budget (`policy_steps_at_equal_budget`). Dataset building between phases (one answer and one rubric per training
 question) and the reward model's training are not counted; both are small beside the training steps.
 
-Modules: `settings` (the methods, what a run depends on, the budgets), `training` and `reward_model` (what a job
-trains), `measuring` (what a job measures, and the mean ± std over seeds), `jobs`, `report` (`docs/rubric_lab.md`
-and its plot from the results file), `cli` (the command line and the run). `experiments.harness` holds what this lab
+Modules: `settings` (the methods, what a run depends on, the budgets), `arms` (the models of each pretraining seed,
+and their gates), `training` and `reward_model` (what a job trains), `measuring` (what a job measures, its phases'
+diagnostics, and the mean ± std over runs), `stats` (the paired bootstrap), `jobs`, `report` (`docs/rubric_lab.md`
+and its plots from the results file), `cli` (the command line and the run). `experiments.harness` holds what this lab
 shares with the coverage lab.
 """

@@ -1,5 +1,6 @@
-"""The rubric lab's command line and its run: every (model, method, seed) job, the results file, then the plot and
-the report from it (`--report`: only the last step)."""
+"""The rubric lab's command line and its run: the gates of every pretraining seed's arms, every (model, method,
+pretraining seed, training seed) job, the results file, then the plots and the report from it (`--report`: only the
+last step)."""
 
 from __future__ import annotations
 
@@ -20,56 +21,49 @@ from experiments.harness import (
     seed_range,
     write_results,
 )
+from experiments.rubric_lab.arms import lab_gates
 from experiments.rubric_lab.jobs import Job, run_job
 from experiments.rubric_lab.measuring import summarize
 from experiments.rubric_lab.report import write_report
 from experiments.rubric_lab.settings import METHODS, MODELS, RubricLabSettings, quick_settings
+from experiments.rubric_lab.stats import lab_intervals
 
 
-def run_lab(settings: RubricLabSettings, output_dir: Path, markdown: Path, work_dir: Path, command: str, log=print):
-    """Train and measure every job in this process (one torch thread, one judge), write the results file, the plot
-    and the report; returns the results."""
+def run_lab(
+    settings: RubricLabSettings, output_dir: Path, markdown: Path, work_dir: Path, command: str, workers: int = 1,
+    log=print,
+):  # fmt: skip
+    """Train and measure every job (in this process, or in `workers` spawned ones; one torch thread and one judge
+    each), write the results file, the plots and the report; returns the results."""
     import torch
 
     started = time.time()
     machine = machine_info()
     torch.set_num_threads(1)
-    gates = lab_gates(settings, log)
+    gates = lab_gates(settings, work_dir, log)
     jobs = [
-        Job(model, method, seed, str(work_dir), settings)
+        Job(model, method, pretraining_seed, seed, str(work_dir), settings)
         for model in settings.models
         for method in settings.methods
+        for pretraining_seed in settings.pretraining_seeds
         for seed in settings.seeds
     ]
     runs = {model: {method: {} for method in settings.methods} for model in settings.models}
-    for job, result in zip(jobs, run_jobs(run_job, jobs, 1, "rubric-lab", log), strict=True):
-        runs[job.model][job.method][job.seed] = result
+    for job, result in zip(jobs, run_jobs(run_job, jobs, workers, "rubric-lab", log), strict=True):
+        runs[job.model][job.method][f"{job.pretraining_seed}/{job.seed}"] = result
     results = {
         "command": command,
         "machine": machine,
         "settings": asdict(settings),
         "gates": gates,
         "summary": summarize(runs),
+        "intervals": lab_intervals(runs, settings.bootstrap_draws),
         "runs": runs,
         "runtime_s": time.time() - started,
     }
     log(f"[rubric-lab] wrote {write_results(output_dir, results)}")
     write_report(output_dir, markdown, log)
     return results
-
-
-def lab_gates(settings: RubricLabSettings, log=print) -> dict:
-    """The shipped arms' gates, measured before any job on the demo's training questions (at least its 256, of which
-    the jobs train on the first `num_train`); a failed gate stops the lab before it trains anything."""
-    from trl_es.demo.evolm.gates import check_gates, format_gates
-    from trl_es.demo.evolm.run import measure_gates
-    from trl_es.demo.evolm.settings import EVOLM_DEMO
-
-    questions = max(settings.demo.num_train, EVOLM_DEMO.num_train)
-    measured, found = measure_gates(settings.demo)
-    log(f"[rubric-lab] gates, on {questions} training questions:\n{format_gates(found)}")
-    check_gates(found)
-    return {"num_questions": questions, "measured": measured, "gates": [asdict(gate) for gate in found]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,6 +74,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument(
+        "--pretraining_seeds",
+        type=int,
+        default=len(RubricLabSettings().pretraining_seeds),
+        help="Number of pretraining seeds, i.e. pairs of arms (0: the shipped ones; the others are pretrained into "
+        "the work folder first, about an hour of one core each; default %(default)s).",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="Jobs run at once, one process and core each.")
     parser.add_argument("--quick", action="store_true", help="A smoke test: short phases, one seed.")
     return parser.parse_args(argv)
 
@@ -88,7 +90,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.report:
         return rewrite_report(args, write_report)
-    settings = quick_settings() if args.quick else RubricLabSettings(seeds=seed_range(args.seeds))
+    if args.quick:
+        settings = quick_settings()
+    else:
+        settings = RubricLabSettings(
+            pretraining_seeds=seed_range(args.pretraining_seeds), seeds=seed_range(args.seeds)
+        )
     settings = replace(settings, methods=tuple(args.methods), models=tuple(args.models))
     command = command_line("experiments.rubric_lab", argv)
-    return run_lab(settings, args.output_dir, markdown_path(args), resolve_work_dir(args), command)
+    work_dir = resolve_work_dir(args)
+    return run_lab(settings, args.output_dir, markdown_path(args), work_dir, command, args.workers)

@@ -1,8 +1,9 @@
-"""Measuring a rubric-lab model on held-out problems with the verifier and the demo's judge, and the summary of the
-measurements over seeds."""
+"""Measuring a rubric-lab model on held-out problems with the verifier and the demo's judge, what its EVOLM phases
+logged, and the summary of the measurements over runs."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -46,12 +47,36 @@ def measure(settings: RubricLabSettings, final: Path, judge, reward_model: Path 
     return measurements
 
 
+def greedy_correct(settings: RubricLabSettings, final: Path) -> list[int]:
+    """1 where the model's greedy answer to a held-out problem is right, else 0: what the paired bootstrap
+    resamples (`experiments.rubric_lab.stats`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_es.demo.evolm.run import greedy_readings
+    from trl_es.tasks.arithmetic import problem
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(final).eval(), AutoTokenizer.from_pretrained(final)
+    problems = [problem("test", index) for index in range(settings.demo.num_held_out)]
+    return [
+        int(reading == "correct") for reading in greedy_readings(model, tokenizer, problems, settings.demo.eval_seed)
+    ]
+
+
+def phase_history(run_dir: Path) -> list[dict]:
+    """Every EVOLM phase's `phase.json` under `run_dir`, in the order they ran (none for methods without phases):
+    what the phase started from (`diagnostics`) and how it left both roles (`after`)."""
+    from trl_es.evolm.trainer import PHASE_INFO_FILE, stage_index
+
+    files = sorted(run_dir.glob(f"stage-*/{PHASE_INFO_FILE}"), key=lambda path: stage_index(path.parent))
+    return [json.loads(path.read_text()) for path in files]
+
+
 def summarize(runs: dict) -> dict:
-    """`summary[model][method][metric]`: mean, std and the values over seeds."""
+    """`summary[model][method][metric]`: mean, std and the values over the runs (pretraining x training seeds)."""
     summary = {}
     for model, by_method in runs.items():
         summary[model] = {}
-        for method, by_seed in by_method.items():
-            metrics = list(next(iter(by_seed.values()))["held_out"])
-            summary[model][method] = {m: spread([r["held_out"][m] for r in by_seed.values()]) for m in metrics}
+        for method, by_run in by_method.items():
+            metrics = list(next(iter(by_run.values()))["held_out"])
+            summary[model][method] = {m: spread([r["held_out"][m] for r in by_run.values()]) for m in metrics}
     return summary

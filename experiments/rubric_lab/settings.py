@@ -36,11 +36,17 @@ MODELS = ("joint", "null")
 class RubricLabSettings:
     """Everything a lab run depends on; saved in the JSON. Defaults are the full run."""
 
-    demo: EvolmDemoSettings = field(default_factory=EvolmDemoSettings)
-    seeds: tuple[int, ...] = (0, 1, 2)
+    # 1024 held-out problems (standard error of an accuracy ~0.015), and an evaluation-only verifier that every
+    # phase's diagnostics read (128 other test problems as its held-out probe)
+    demo: EvolmDemoSettings = field(
+        default_factory=lambda: EvolmDemoSettings(num_held_out=1024, verifier_probe_size=128)
+    )
+    pretraining_seeds: tuple[int, ...] = (0, 1, 2)  # the arms (`experiments.rubric_lab.arms`); 0: the shipped ones
+    seeds: tuple[int, ...] = (0,)  # training seeds, crossed with the pretraining seeds
     models: tuple[str, ...] = MODELS
     methods: tuple[str, ...] = tuple(METHODS)
     rm_steps: int = 300  # Bradley-Terry training steps of the scalar reward model
+    bootstrap_draws: int = 2000  # of the confidence intervals and standard errors (`experiments.rubric_lab.stats`)
 
     def policy_steps_at_equal_budget(self, judge_calls_per_completion: int) -> int:
         """Policy steps (in total) of a method without rubric phases that spend EVOLM's budget, when each completion
@@ -53,5 +59,7 @@ class RubricLabSettings:
 
 def quick_settings() -> RubricLabSettings:
     """A smoke test: short phases, one seed, few held-out problems."""
-    demo = EvolmDemoSettings(policy_steps=4, rubric_steps=2, rounds=1, num_train=64, num_held_out=128)
-    return RubricLabSettings(demo=demo, seeds=(0,), rm_steps=30)
+    demo = EvolmDemoSettings(
+        policy_steps=4, rubric_steps=2, rounds=1, num_train=64, num_held_out=128, verifier_probe_size=16
+    )
+    return RubricLabSettings(demo=demo, pretraining_seeds=(0,), seeds=(0,), rm_steps=30)

@@ -1,4 +1,4 @@
-"""Training one rubric-lab method from an embedded model: EVOLM with the method's demo settings, or ES on the
+"""Training one rubric-lab method from an arm: EVOLM with the method's demo settings, or ES on the
 verifier's or a reward model's reward for the steps that spend EVOLM's budget."""
 
 from __future__ import annotations
@@ -9,14 +9,12 @@ from pathlib import Path
 
 from experiments.rubric_lab.reward_model import reward_model_reward, train_reward_model
 from experiments.rubric_lab.settings import METHODS, RubricLabSettings
-from trl_es.demo.evolm.settings import DEMO_MODELS
 
 
-def train_method(settings: RubricLabSettings, model: str, method: str, seed: int, folder: Path, judge) -> Path:
-    """Train `method` from the embedded `model` (a name of `DEMO_MODELS`); returns the final model's folder."""
+def train_method(settings: RubricLabSettings, start: Path, method: str, seed: int, folder: Path, judge) -> Path:
+    """Train `method` from the arm in `start`; returns the final model's folder."""
     from trl_es.demo.evolm.run import train_evolm
 
-    start = DEMO_MODELS[model]
     if method == "base":
         return start
     if method == "verifier":

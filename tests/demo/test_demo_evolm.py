@@ -1,5 +1,6 @@
 """The offline EVOLM demo: its toy task, its pretraining scripts, the shipped judge and models, and its training."""
 
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -30,6 +31,26 @@ def test_the_verifier_reads_answers_and_rubrics_against_the_problem():
     assert toy.rubric_reading(drawn, toy.rubric_text(drawn.misread_answer)) == "misread"
     assert toy.rubric_reading(drawn, toy.rubric_text(None)) == "generic"
     assert toy.rubric_reading(drawn, '{"criteria": []}') == "invalid"
+
+
+def test_the_evaluation_verifier_knows_the_trained_and_the_probe_questions_and_pickles():
+    trained, probe = [problem("train", i) for i in range(3)], [problem("test", 600 + i) for i in range(2)]
+    verifier = pickle.loads(pickle.dumps(toy.eval_verifier(trained, probe)))  # a config holding it can be saved
+    for drawn in (*trained, *probe):
+        assert verifier.answer_is_correct(drawn.question, f" {drawn.answer}")
+        assert verifier.rubric_is_correct(drawn.question, toy.rubric_text(drawn.answer))
+        if drawn.answer != drawn.misread_answer:
+            assert not verifier.answer_is_correct(drawn.question, f" {drawn.misread_answer}")
+            assert not verifier.rubric_is_correct(drawn.question, toy.rubric_text(drawn.misread_answer))
+    assert verifier.held_out_questions == tuple(p.question for p in probe)
+
+
+def test_the_demo_gives_its_phases_a_verifier_only_when_asked(tmp_path):
+    assert EVOLM_DEMO.evolm_config(str(tmp_path)).verifier is None
+    settings = replace(EVOLM_DEMO, num_held_out=600, verifier_probe_size=2)
+    verifier = settings.evolm_config(str(tmp_path)).verifier
+    # the probe follows the held-out problems the demo reports, so the two never overlap
+    assert verifier.held_out_questions == (problem("test", 600).question, problem("test", 601).question)
 
 
 def test_the_question_dataset_holds_questions_only():

@@ -83,8 +83,7 @@ def held_out_measurements(model, tokenizer, settings: EvolmDemoSettings = EVOLM_
         max_new_tokens=8,
         seed=settings.eval_seed,
     )
-    greedy = sample_completions(model, tokenizer, answer_prompts, 0.0, 8, settings.eval_seed)
-    readings = [toy.answer_reading(p, text) for p, text in zip(problems, greedy, strict=True)]
+    readings = greedy_readings(model, tokenizer, problems, settings.eval_seed)
     correct, misread = readings.count("correct"), readings.count("misread")
     measurements = {"greedy_accuracy": coverage.greedy_accuracy}
     measurements |= {f"pass@{k}": value for k, value in coverage.pass_at_k.items()}
@@ -103,6 +102,13 @@ def held_out_measurements(model, tokenizer, settings: EvolmDemoSettings = EVOLM_
     return measurements
 
 
+def greedy_readings(model, tokenizer, problems: Sequence[Problem], seed: int) -> list[str]:
+    """The verifier's reading (`toy.answer_reading`) of the model's greedy answer to each problem."""
+    prompts = [DEMO_PROMPTS.policy.format(question=p.question) for p in problems]
+    greedy = sample_completions(model, tokenizer, prompts, 0.0, 8, seed)
+    return [toy.answer_reading(p, text) for p, text in zip(problems, greedy, strict=True)]
+
+
 def sample_completions(model, tokenizer, prompts, temperature: float, max_new_tokens: int, seed: int) -> list[str]:
     """One completion of each prompt (text), greedy at temperature 0, with `model.generate` from `seed`."""
     prompt_ids = [tokenizer(prompt)["input_ids"] for prompt in prompts]
@@ -114,12 +120,10 @@ def measure_arm(model, tokenizer, problems: Sequence[Problem], rubric_temperatur
     """What the gates read of one arm on `problems` (its training questions): rubric validity (greedy, and sampled at
     `rubric_temperature`), greedy answer accuracy, and the net signal of its sampled rubrics against its greedy
     answers (see `gates`)."""
-    answer_prompts = [toy.DEMO_PROMPTS.policy.format(question=p.question) for p in problems]
     rubric_prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
-    answers = sample_completions(model, tokenizer, answer_prompts, 0.0, 8, seed)
     greedy_rubrics = sample_completions(model, tokenizer, rubric_prompts, 0.0, 32, seed)
     sampled_rubrics = sample_completions(model, tokenizer, rubric_prompts, rubric_temperature, 32, seed)
-    answer_right = [toy.answer_reading(p, a) == "correct" for p, a in zip(problems, answers, strict=True)]
+    answer_right = [reading == "correct" for reading in greedy_readings(model, tokenizer, problems, seed)]
     rubric_right = [toy.rubric_reading(p, r) == "correct" for p, r in zip(problems, sampled_rubrics, strict=True)]
 
     def valid_rate(rubrics):

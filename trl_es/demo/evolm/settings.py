@@ -48,6 +48,9 @@ class EvolmDemoSettings:
     num_train: int = 256  # training questions
     num_held_out: int = 512  # held-out test problems, never trained on
     eval_seed: int = 1234
+    # An evaluation-only verifier (`toy.eval_verifier`) on the training questions and this many test problems after
+    # the first `num_held_out`: every phase then logs accuracies, the net signal and the pair balance; 0: none.
+    verifier_probe_size: int = 0
 
     def completions_per_step(self, role: str) -> int:
         """Completions of one step of `role` ("policy" or "rubric"), ES or GRPO alike."""
@@ -98,7 +101,14 @@ class EvolmDemoSettings:
 
     def evolm_config(self, output_dir: str, seed: int = 0):
         from ...evolm.config import EvolmConfig
-        from .toy import DEMO_PROMPTS, DEMO_RULES
+        from ...tasks.arithmetic import problem
+        from .toy import DEMO_PROMPTS, DEMO_RULES, eval_verifier
+
+        verifier = None
+        if self.verifier_probe_size:
+            trained = [problem("train", index) for index in range(self.num_train)]
+            probe = [problem("test", self.num_held_out + index) for index in range(self.verifier_probe_size)]
+            verifier = eval_verifier(trained, probe)
 
         return EvolmConfig(
             output_dir=output_dir,
@@ -118,6 +128,7 @@ class EvolmDemoSettings:
             seed=seed,
             rubric_rules=DEMO_RULES,
             prompts=DEMO_PROMPTS,
+            verifier=verifier,
         )
 
 

@@ -10,10 +10,12 @@ The verifier (`answer_reading`, `rubric_reading`) is for measurement only: train
 
 from __future__ import annotations
 
+import functools
 import re
 
 from datasets import Dataset
 
+from ...evolm.diagnostics import EvalVerifier
 from ...evolm.judges import SCORE_PREFIX
 from ...evolm.prompts import Prompts
 from ...evolm.rubrics import Criterion, Rubric, RubricError, RubricRules, parse_rubric
@@ -91,6 +93,22 @@ def rubric_reading(drawn: Problem, rubric: str) -> str:
     if number is not None:
         return "correct" if number == drawn.answer else "misread" if number == drawn.misread_answer else "other"
     return "generic" if _is_generic(rubric) else "invalid"
+
+
+def eval_verifier(problems: list[Problem], held_out: list[Problem]) -> EvalVerifier:
+    """The ground truth of `problems` (the questions a run trains on) and `held_out` (its probe) as an EVOLM run's
+    evaluation-only verifier: every phase then logs answer and rubric accuracy, the net signal, the pair balance
+    and the held-out accuracy."""
+    by_question = {drawn.question: drawn for drawn in [*problems, *held_out]}
+    return EvalVerifier(  # partials of module functions, not lambdas: a config holding them can be pickled
+        answer_is_correct=functools.partial(_reads_correctly, answer_reading, by_question),
+        rubric_is_correct=functools.partial(_reads_correctly, rubric_reading, by_question),
+        held_out_questions=tuple(drawn.question for drawn in held_out),
+    )
+
+
+def _reads_correctly(reading, by_question: dict[str, Problem], question: str, text: str) -> bool:
+    return reading(by_question[question], text) == "correct"
 
 
 def _is_generic(rubric: str) -> bool:
