@@ -48,9 +48,11 @@ def run_lab(
         for pretraining_seed in settings.pretraining_seeds
         for seed in settings.seeds
     ]
+    unique = list({job.name: job for job in jobs}.values())  # the base model: one job for all training seeds
+    found = dict(zip((job.name for job in unique), run_jobs(run_job, unique, workers, "rubric-lab", log), strict=True))
     runs = {model: {method: {} for method in settings.methods} for model in settings.models}
-    for job, result in zip(jobs, run_jobs(run_job, jobs, workers, "rubric-lab", log), strict=True):
-        runs[job.model][job.method][f"{job.pretraining_seed}/{job.seed}"] = result
+    for job in jobs:
+        runs[job.model][job.method][f"{job.pretraining_seed}/{job.seed}"] = found[job.name]
     results = {
         "command": command,
         "machine": machine,

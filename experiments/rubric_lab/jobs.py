@@ -25,8 +25,9 @@ class Job:
 
     @property
     def name(self) -> str:
-        """Also its folder under `work_dir`."""
-        return f"{self.model}/pretrain{self.pretraining_seed}/{self.method}-seed{self.seed}"
+        """Also its folder under `work_dir`; the base model is not trained, so it is one job per pretraining seed."""
+        run = "base" if self.method == "base" else f"{self.method}-seed{self.seed}"
+        return f"{self.model}/pretrain{self.pretraining_seed}/{run}"
 
 
 @functools.cache

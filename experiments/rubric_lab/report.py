@@ -207,6 +207,31 @@ def pair_balance_rows(runs: dict) -> list[list[str]]:
     return rows
 
 
+# What each phase did to the role it did not train, start to end (mean over runs and phases of the role)
+INTERFERENCE = {
+    "policy": ("rubric_accuracy", "net_signal", "rubric_valid_rate"),
+    "rubric": ("answer_accuracy", "held_out_accuracy"),
+}
+
+
+def interference_rows(runs: dict) -> list[list[str]]:
+    """Per model and EVOLM method: the mean change, over its runs and phases, of each `INTERFERENCE` diagnostic
+    during the phases that train the other role; the metrics that show one role undoing the other."""
+    rows = []
+    for model, by_method in runs.items():
+        for method, by_run in by_method.items():
+            changes = {(role, metric): [] for role, metrics in INTERFERENCE.items() for metric in metrics}
+            for run in by_run.values():
+                for phase in run.get("phases") or []:
+                    for metric in INTERFERENCE[phase["role"]]:
+                        start, end = phase["diagnostics"].get(metric), phase["after"].get(metric)
+                        if start is not None and end is not None:
+                            changes[phase["role"], metric].append(end - start)
+            if any(changes.values()):
+                rows.append([model, method, *(f"{sum(c) / len(c):+.3f}" if c else "—" for c in changes.values())])
+    return rows
+
+
 def phases_section(runs: dict, plot_link: str) -> list[str]:
     section = [
         "## Both roles over the phases",
@@ -217,6 +242,15 @@ def phases_section(runs: dict, plot_link: str) -> list[str]:
         "`rubric_valid_rate`. Point 0 is the first phase's start, point i the end of phase i.",
         f"![diagnostics over the phases]({plot_link})",
     ]
+    rows = interference_rows(runs)
+    if rows:
+        header = ["model", "method"]
+        header += [f"{metric} in {role} phases" for role, metrics in INTERFERENCE.items() for metric in metrics]
+        section += [
+            "What the phases did to the role they do not train: the mean change from a phase's start to its end, "
+            "over runs and phases (a policy phase's rubrics, a rubric phase's answers):",
+            "\n".join(markdown_table(header, rows)),
+        ]
     rows = pair_balance_rows(runs)
     if rows:
         section += [

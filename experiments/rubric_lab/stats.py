@@ -1,59 +1,52 @@
-"""The rubric lab's intervals: a two-level bootstrap over pretraining seeds and held-out problems, paired between
-methods.
+"""The rubric lab's intervals: a two-level bootstrap over runs and held-out problems, paired between methods.
 
-A run is one (pretraining seed, training seed); each records its greedy correctness on every held-out problem. A
-method's accuracy on a pretraining seed is the mean over its training seeds. One bootstrap draw resamples the
-pretraining seeds and, independently, the problems (both with replacement), and averages; a comparison of two
-methods draws the same seeds and problems for both (a paired difference), so that what the two share (the arms,
-the problems' difficulty) cancels. The standard error is the draws' standard deviation, the interval their 2.5 and
-97.5 percentiles. With 3 pretraining seeds the seed level is coarse: it is resampled all the same, so that a
-difference driven by one pair of arms shows as uncertain.
+A run is one (pretraining seed, training seed); each records its greedy correctness on every held-out problem. One
+bootstrap draw resamples the runs and, independently, the problems (both with replacement), and averages; a
+comparison of two methods draws the same runs and problems for both (a paired difference: run `p/s` of one against
+run `p/s` of the other), so that what they share (the arms, the problems' difficulty) cancels. The base model is not
+trained, so its runs of one pretraining seed are one measurement (`jobs`). The standard error is the draws' standard
+deviation, the interval their 2.5 and 97.5 percentiles. With few runs the run level is coarse: it is resampled all
+the same, so that a difference carried by one run shows as uncertain.
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import numpy as np
 
 from experiments.rubric_lab.settings import METHODS
 
 
-def per_seed_correctness(by_run: dict[str, dict]) -> np.ndarray:
-    """`(pretraining seeds, problems)`: each pretraining seed's greedy correctness averaged over its training seeds,
-    from `{"<pretraining seed>/<training seed>": run}`."""
-    grouped = defaultdict(list)
-    for key, run in by_run.items():
-        grouped[key.split("/")[0]].append(run["greedy_correct"])
-    return np.array([np.mean(grouped[seed], axis=0) for seed in sorted(grouped, key=int)])
+def run_correctness(by_run: dict[str, dict], keys: list[str]) -> np.ndarray:
+    """`(runs, problems)`: the greedy correctness of the runs `keys` ("<pretraining seed>/<training seed>")."""
+    return np.array([by_run[key]["greedy_correct"] for key in keys], dtype=float)
 
 
 def bootstrap(values: np.ndarray, draws: int, seed: int = 0) -> dict:
-    """Mean, standard error and 95% interval of `values` (`(seeds, problems)`) under the two-level bootstrap."""
+    """Mean, standard error and 95% interval of `values` (`(runs, problems)`) under the two-level bootstrap."""
     rng = np.random.default_rng(seed)
-    seeds, problems = values.shape
-    picked_seeds = rng.integers(seeds, size=(draws, seeds))
+    runs, problems = values.shape
+    picked_runs = rng.integers(runs, size=(draws, runs))
     picked_problems = rng.integers(problems, size=(draws, 1, problems))
-    means = np.take_along_axis(values[picked_seeds], picked_problems, axis=2).mean(axis=(1, 2))
+    means = np.take_along_axis(values[picked_runs], picked_problems, axis=2).mean(axis=(1, 2))
     low, high = np.percentile(means, [2.5, 97.5])
     return {"mean": float(values.mean()), "se": float(means.std(ddof=1)), "ci": [float(low), float(high)]}
 
 
 def accuracy_interval(by_run: dict[str, dict], draws: int) -> dict:
     """One method's held-out greedy accuracy, with its standard error and interval."""
-    return bootstrap(per_seed_correctness(by_run), draws)
+    return bootstrap(run_correctness(by_run, sorted(by_run)), draws)
 
 
 def paired_difference(by_run: dict[str, dict], baseline_by_run: dict[str, dict], draws: int) -> dict:
-    """Accuracy of a method minus a baseline's, paired by pretraining seed and problem: mean, standard error,
-    interval, and `above` = the mean exceeds two standard errors."""
-    method, baseline = per_seed_correctness(by_run), per_seed_correctness(baseline_by_run)
-    if method.shape != baseline.shape:
+    """Accuracy of a method minus a baseline's, paired by run and problem: mean, standard error, interval, and
+    `above` = the mean exceeds two standard errors."""
+    if set(by_run) != set(baseline_by_run):
         raise ValueError(
-            f"Cannot pair runs over {method.shape} (pretraining seeds, problems) with a baseline over "
-            f"{baseline.shape}: run both methods on the same pretraining seeds and held-out problems."
+            f"Cannot pair runs {sorted(by_run)} with a baseline's runs {sorted(baseline_by_run)}: run both methods "
+            "on the same pretraining and training seeds."
         )
-    found = bootstrap(method - baseline, draws)
+    keys = sorted(by_run)
+    found = bootstrap(run_correctness(by_run, keys) - run_correctness(baseline_by_run, keys), draws)
     return {**found, "above": found["mean"] > 2 * found["se"]}
 
 

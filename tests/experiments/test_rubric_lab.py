@@ -1,5 +1,5 @@
 """The rubric lab (`python -m experiments.rubric_lab`): equal budgets, the arms of each pretraining seed and their
-gates, the paired bootstrap, and a measured report from a real (tiny) run."""
+gates, the paired bootstrap over runs and problems, and a measured report from a real (tiny) run."""
 
 import re
 import shutil
@@ -11,6 +11,7 @@ from scripts.paths import REPO
 
 from experiments.rubric_lab.arms import arm_folders, lab_gates
 from experiments.rubric_lab.cli import main, run_lab
+from experiments.rubric_lab.jobs import Job
 from experiments.rubric_lab.settings import METHODS, RubricLabSettings, quick_settings
 from experiments.rubric_lab.stats import bootstrap, paired_difference
 from trl_es.demo.evolm.gates import GateFailure
@@ -53,20 +54,24 @@ def test_paired_difference_finds_a_real_gain_and_none_where_there_is_none():
     assert not same["above"] and same["mean"] == 0 and same["se"] == 0
 
 
-def test_bootstrap_averages_training_seeds_within_a_pretraining_seed():
+def test_bootstrap_resamples_runs_and_problems():
     values = np.array([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
     found = bootstrap(values, draws=1000)
     assert found["mean"] == pytest.approx(0.5) and found["ci"][0] < 0.5 < found["ci"][1] and found["se"] > 0
-    two_training_seeds = _runs({"0": [[1, 0], [0, 0]], "1": [[1, 1], [1, 1]]})
-    one_each = _runs({"0": [[0.5, 0.0]], "1": [[1, 1]]})
-    assert paired_difference(two_training_seeds, one_each, draws=100)["mean"] == 0
+    # runs that disagree on every problem: the run level alone gives an uncertainty the problems do not
+    disagreeing = bootstrap(np.array([[1.0] * 50, [0.0] * 50]), draws=1000)
+    assert disagreeing["se"] > 0.2
 
 
-def test_runs_that_cannot_be_paired_are_refused_naming_the_shapes():
-    with pytest.raises(
-        ValueError, match=re.escape("over (2, 2) (pretraining seeds, problems) with a baseline over (1, 2)")
-    ):
+def test_runs_that_cannot_be_paired_are_refused_naming_them():
+    with pytest.raises(ValueError, match=re.escape("Cannot pair runs ['0/0', '1/0'] with a baseline's runs ['0/0']")):
         paired_difference(_runs({"0": [[1, 0]], "1": [[1, 1]]}), _runs({"0": [[0, 0]]}), draws=10)
+
+
+def test_the_base_model_is_one_job_for_every_training_seed():
+    names = {Job(model, method, 0, seed, "work").name for model in ("joint",) for method in ("base", "static")
+             for seed in (0, 1)}  # fmt: skip
+    assert names == {"joint/pretrain0/base", "joint/pretrain0/static-seed0", "joint/pretrain0/static-seed1"}
 
 
 def test_pretraining_seed_zero_is_the_shipped_pair_and_other_seeds_come_from_the_work_folder(tmp_path):
@@ -105,9 +110,10 @@ def test_the_lab_writes_results_plots_and_a_report(tmp_path):
     assert set(results["intervals"]["joint"]["static"]) == {"accuracy", "vs_base"}
     assert (tmp_path / "out" / "headline.png").is_file() and (tmp_path / "out" / "phases.png").is_file()
     report = markdown.read_text()
-    assert (
-        "| base |" in report and "| joint | static − base |" in report and "What the toy can and cannot test" in report
-    )
+    assert "| base |" in report and "| joint | static − base |" in report
+    # what the policy phases did to the rubrics; a static run has no rubric phases
+    assert re.search(r"\| joint \| static \| [+-]\d\.\d{3} \| [+-]\d\.\d{3} \| [+-]\d\.\d{3} \| — \| — \|", report)
+    assert "What the toy can and cannot test" in report
 
 
 def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys):
