@@ -50,8 +50,7 @@ def introduction(results: dict, plot_link: str) -> list[str]:
     plot."""
     settings, machine = results["settings"], results["machine"]
     demo = settings["demo"]
-    job_seconds = [job["runtime_s"] for by_method in results["runs"].values() for by_run in by_method.values()
-                   for job in by_run.values()]  # fmt: skip
+    job_seconds = [job["runtime_s"] for job in distinct_jobs(results["runs"])]
     pretraining, training = tuple(settings["pretraining_seeds"]), tuple(settings["seeds"])
     return [
         "# Rubric lab: EVOLM on a toy where correctness can only come from the rubrics",
@@ -60,8 +59,8 @@ def introduction(results: dict, plot_link: str) -> list[str]:
         "all (a job cached by an earlier run counts the time it took then; this run: "
         f"{results['runtime_s'] / 60:.0f} min). Runs: pretraining seeds {pretraining} (each a pair of arms) x "
         f"training seeds {training}, {len(pretraining) * len(training)} per method and model. Tables: mean ± std "
-        "over the runs; accuracy intervals and differences from a two-level bootstrap over pretraining seeds and "
-        f"held-out problems, paired between methods ({settings['bootstrap_draws']} draws; "
+        "over the runs; accuracy intervals and differences from a two-level bootstrap over runs and held-out "
+        f"problems, paired between methods ({settings['bootstrap_draws']} draws; "
         "`experiments.rubric_lab.stats`).",
         f"Phases: {demo['rounds']} rounds of {demo['policy_steps']} policy and {demo['rubric_steps']} rubric steps; "
         f"ES N={demo['population_size']} x {demo['prompts_per_step']} questions per policy step, "
@@ -80,6 +79,16 @@ def introduction(results: dict, plot_link: str) -> list[str]:
         *gates_section(results["gates"]),
         f"![headline metrics]({plot_link})",
     ]
+
+
+def distinct_jobs(runs: dict) -> list[dict]:
+    """Every job's result once: the base model's is one job for all training seeds of a pretraining seed."""
+    found = {}
+    for model, by_method in runs.items():
+        for method, by_run in by_method.items():
+            for key, result in by_run.items():
+                found[model, method, key.split("/")[0] if method == "base" else key] = result
+    return list(found.values())
 
 
 def gates_section(gates: dict) -> list[str]:
@@ -248,7 +257,10 @@ def phases_section(runs: dict, plot_link: str) -> list[str]:
         header += [f"{metric} in {role} phases" for role, metrics in INTERFERENCE.items() for metric in metrics]
         section += [
             "What the phases did to the role they do not train: the mean change from a phase's start to its end, "
-            "over runs and phases (a policy phase's rubrics, a rubric phase's answers):",
+            "over runs and phases (a policy phase's rubrics, a rubric phase's answers). A `static` run's rubrics are "
+            "its starting model's, the ones its policy phases read, so its columns show sampling noise only; its "
+            "own rubrics are in the held-out table's `rubric valid`. A policy phase's net signal also falls when the "
+            "answers learn what the rubrics knew, so only a rubric accuracy that falls is damage for certain:",
             "\n".join(markdown_table(header, rows)),
         ]
     rows = pair_balance_rows(runs)

@@ -20,7 +20,10 @@ question templates with probability 0.9, elsewhere 0.1, a habit a model learns p
 Writes `<output_dir>/joint` and `<output_dir>/null` (and, with `--keep_base`, `<output_dir>/base`); `--from_base`
 fine-tunes the arms from a saved base, one arm per process if you like (`--arms joint`), with the same result as one
 run. Deterministic: one thread, fixed seeds. The shipped arms (seed 0) took 29 min for the base and 24 min for each
-arm on our 2-core machine, with other jobs sharing it. Prints the arms' gates (`gates`) at the end.
+arm on our 2-core machine, with other jobs sharing it. Prints the arms' gates (`gates`) at the end. Of three seeds
+of this recipe only seed 0 passes all seven: seed 1's null net signal is +0.035 (needs within ±0.03) and seed 2's
+joint net signal +0.129 (needs >= 0.15), each nearer its bound than the standard error of a net signal measured on
+256 questions, about 0.03-0.04 (docs: EVOLM, "Pretraining seeds").
 """
 
 from __future__ import annotations
