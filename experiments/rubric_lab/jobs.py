@@ -9,7 +9,7 @@ from pathlib import Path
 
 from experiments.harness import cached_job
 from experiments.rubric_lab.arms import arm_folders
-from experiments.rubric_lab.measuring import greedy_correct, measure, phase_history
+from experiments.rubric_lab.measuring import measure, phase_history
 from experiments.rubric_lab.settings import RubricLabSettings
 from experiments.rubric_lab.training import train_method
 
@@ -48,10 +48,7 @@ def run_job(job: Job) -> dict:
         start = arm_folders(job.pretraining_seed, job.work_dir)[job.model]
         final = train_method(job.settings, start, job.method, job.seed, folder, judge)
         reward_model = folder / "reward_model" if job.method == "scalar-rm" else None
-        return {
-            "held_out": measure(job.settings, final, judge, reward_model),
-            "greedy_correct": greedy_correct(job.settings, final),
-            "phases": phase_history(folder / "run"),
-        }
+        held_out, greedy_correct = measure(job.settings, final, judge, reward_model)
+        return {"held_out": held_out, "greedy_correct": greedy_correct, "phases": phase_history(folder / "run")}
 
     return cached_job(folder, compute, threads=1)

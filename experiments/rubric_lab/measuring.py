@@ -12,20 +12,25 @@ from experiments.rubric_lab.reward_model import reward_model_reward
 from experiments.rubric_lab.settings import RubricLabSettings
 
 
-def measure(settings: RubricLabSettings, final: Path, judge, reward_model: Path | None) -> dict[str, float]:
+def measure(
+    settings: RubricLabSettings, final: Path, judge, reward_model: Path | None
+) -> tuple[dict[str, float], list[int]]:
     """The demo's held-out measurements, the rubric separation and, for `scalar-rm`, the reward model's mean reward
-    of the greedy held-out answers."""
+    of the greedy held-out answers; and 1 where the greedy answer to a held-out problem is right, else 0 (what the
+    paired bootstrap resamples, `experiments.rubric_lab.stats`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_es.demo.evolm import toy
-    from trl_es.demo.evolm.run import held_out_measurements, sample_completions
+    from trl_es.demo.evolm.run import greedy_readings, held_out_measurements, sample_completions
     from trl_es.evolm.rubrics import RubricError, parse_rubric
     from trl_es.tasks.arithmetic import problem
 
     model, tokenizer = AutoModelForCausalLM.from_pretrained(final).eval(), AutoTokenizer.from_pretrained(final)
     demo = settings.demo
-    measurements = held_out_measurements(model, tokenizer, demo)
-    problems = [p for p in (problem("test", i) for i in range(demo.num_held_out)) if p.answer != p.misread_answer]
+    held_out = [problem("test", index) for index in range(demo.num_held_out)]
+    readings = greedy_readings(model, tokenizer, held_out, demo.eval_seed)
+    measurements = held_out_measurements(model, tokenizer, demo, readings)
+    problems = [p for p in held_out if p.answer != p.misread_answer]
     rubric_prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
     rubrics = sample_completions(model, tokenizer, rubric_prompts, 0.0, demo.max_completion_length, 0)
     items = []
@@ -44,22 +49,7 @@ def measure(settings: RubricLabSettings, final: Path, judge, reward_model: Path 
         answers = sample_completions(model, tokenizer, prompts, 0.0, 8, 0)
         rewards = reward_model_reward(reward_model)(prompts, answers, [p.question for p in problems])
         measurements["rm_reward"] = statistics.fmean(rewards)
-    return measurements
-
-
-def greedy_correct(settings: RubricLabSettings, final: Path) -> list[int]:
-    """1 where the model's greedy answer to a held-out problem is right, else 0: what the paired bootstrap
-    resamples (`experiments.rubric_lab.stats`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trl_es.demo.evolm.run import greedy_readings
-    from trl_es.tasks.arithmetic import problem
-
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(final).eval(), AutoTokenizer.from_pretrained(final)
-    problems = [problem("test", index) for index in range(settings.demo.num_held_out)]
-    return [
-        int(reading == "correct") for reading in greedy_readings(model, tokenizer, problems, settings.demo.eval_seed)
-    ]
+    return measurements, [int(reading == "correct") for reading in readings]
 
 
 def phase_history(run_dir: Path) -> list[dict]:

@@ -10,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.harness import cell, finish_axes, markdown_table, read_results, relative_link, spread
-from experiments.rubric_lab.stats import has_rubric_phases
+from experiments.rubric_lab.stats import STANDARD_ERRORS, has_rubric_phases
 
 HEADLINE = ("greedy_accuracy", "pass@4", "right_reading", "slip_rate", "rubric_correct_sampled", "rubric_separation")
 PLOTTED = ("greedy_accuracy", "right_reading", "rubric_correct_sampled")
 # What every phase's diagnostics measure (`trl_es.evolm.diagnostics`), plotted over the phases of a run
 TRAJECTORY = ("held_out_accuracy", "answer_accuracy", "rubric_accuracy", "net_signal", "rubric_valid_rate")
-# A difference counts when its mean exceeds this many standard errors (the goal)
-STANDARD_ERRORS = 2
 
 
 def write_report(output_dir: Path, markdown_path: Path, log=print) -> None:

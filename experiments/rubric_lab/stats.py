@@ -15,6 +15,9 @@ import numpy as np
 
 from experiments.rubric_lab.settings import METHODS
 
+# A difference counts when its mean exceeds this many standard errors (the issue's goal)
+STANDARD_ERRORS = 2
+
 
 def run_correctness(by_run: dict[str, dict], keys: list[str]) -> np.ndarray:
     """`(runs, problems)`: the greedy correctness of the runs `keys` ("<pretraining seed>/<training seed>")."""
@@ -39,7 +42,7 @@ def accuracy_interval(by_run: dict[str, dict], draws: int) -> dict:
 
 def paired_difference(by_run: dict[str, dict], baseline_by_run: dict[str, dict], draws: int) -> dict:
     """Accuracy of a method minus a baseline's, paired by run and problem: mean, standard error, interval, and
-    `above` = the mean exceeds two standard errors."""
+    `above` = the mean exceeds `STANDARD_ERRORS` standard errors."""
     if set(by_run) != set(baseline_by_run):
         raise ValueError(
             f"Cannot pair runs {sorted(by_run)} with a baseline's runs {sorted(baseline_by_run)}: run both methods "
@@ -47,7 +50,7 @@ def paired_difference(by_run: dict[str, dict], baseline_by_run: dict[str, dict],
         )
     keys = sorted(by_run)
     found = bootstrap(run_correctness(by_run, keys) - run_correctness(baseline_by_run, keys), draws)
-    return {**found, "above": found["mean"] > 2 * found["se"]}
+    return {**found, "above": found["mean"] > STANDARD_ERRORS * found["se"]}
 
 
 def lab_intervals(runs: dict, draws: int) -> dict:

@@ -65,10 +65,13 @@ def train_evolm(
     return trainer.train()
 
 
-def held_out_measurements(model, tokenizer, settings: EvolmDemoSettings = EVOLM_DEMO) -> dict[str, float]:
+def held_out_measurements(
+    model, tokenizer, settings: EvolmDemoSettings = EVOLM_DEMO, readings: list[str] | None = None
+) -> dict[str, float]:
     """The verifier's measurements on the first `num_held_out` test problems: the policy's greedy accuracy, Pass@k,
     right-reading rate c/(c+m) and slip rate, and what its rubrics state (greedy, and sampled at the rubric
-    temperature as the policy phases draw them)."""
+    temperature as the policy phases draw them). `readings`: the problems' `greedy_readings`, when the caller has
+    them already."""
     problems = [problem("test", index) for index in range(settings.num_held_out)]
     answer_prompts = [DEMO_PROMPTS.policy.format(question=p.question) for p in problems]
     rubric_prompts = [DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
@@ -83,7 +86,8 @@ def held_out_measurements(model, tokenizer, settings: EvolmDemoSettings = EVOLM_
         max_new_tokens=8,
         seed=settings.eval_seed,
     )
-    readings = greedy_readings(model, tokenizer, problems, settings.eval_seed)
+    if readings is None:
+        readings = greedy_readings(model, tokenizer, problems, settings.eval_seed)
     correct, misread = readings.count("correct"), readings.count("misread")
     measurements = {"greedy_accuracy": coverage.greedy_accuracy}
     measurements |= {f"pass@{k}": value for k, value in coverage.pass_at_k.items()}
