@@ -120,6 +120,30 @@ def test_the_shipped_arms_pass_their_gates():
     assert measured["joint"]["net_signal"] > measured["null"]["net_signal"] + 0.15
 
 
+def test_the_gates_read_several_sampled_rubrics_per_question_against_its_one_greedy_answer():
+    """The net signal's only noise is the sampled rubric (answers are greedy): `measure_arm` reads `rubric_samples`
+    rubrics of each question, each against that question's greedy answer."""
+    model = run.AutoModelForCausalLM.from_pretrained(DEMO_MODELS["joint"])
+    tokenizer = run.AutoTokenizer.from_pretrained(DEMO_MODELS["joint"])
+    problems = [problem("train", index) for index in range(24)]
+    prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
+    greedy = run.sample_completions(model, tokenizer, prompts, 0.0, 32, 0, num_samples=2)
+    assert greedy[0::2] == greedy[1::2] == run.sample_completions(model, tokenizer, prompts, 0.0, 32, 0)
+
+    temperature, samples = EVOLM_DEMO.rubric_temperature, 4
+    rubrics = run.sample_completions(model, tokenizer, prompts, temperature, 32, 5, num_samples=samples)
+    answers_right = [reading == "correct" for reading in run.greedy_readings(model, tokenizer, problems, 5)]
+    signal = []
+    for index, rubric in enumerate(rubrics):
+        question, answer_right = problems[index // samples], answers_right[index // samples]
+        rubric_right = toy.rubric_reading(question, rubric) == "correct"
+        signal.append(int(rubric_right and not answer_right) - int(answer_right and not rubric_right))
+    measured = run.measure_arm(model, tokenizer, problems, temperature, 5, rubric_samples=samples)
+    assert measured["net_signal"] == pytest.approx(sum(signal) / len(signal))
+    # a question's samples differ: the estimate averages readings, not one reading repeated
+    assert any(len(set(rubrics[i : i + samples])) > 1 for i in range(0, len(rubrics), samples))
+
+
 def _verifier_raises(*args, **kwargs):
     raise AssertionError("the verifier was called during EVOLM training")
 

@@ -113,33 +113,49 @@ def greedy_readings(model, tokenizer, problems: Sequence[Problem], seed: int) ->
     return [toy.answer_reading(p, text) for p, text in zip(problems, greedy, strict=True)]
 
 
-def sample_completions(model, tokenizer, prompts, temperature: float, max_new_tokens: int, seed: int) -> list[str]:
-    """One completion of each prompt (text), greedy at temperature 0, with `model.generate` from `seed`."""
+def sample_completions(
+    model, tokenizer, prompts, temperature: float, max_new_tokens: int, seed: int, num_samples: int = 1
+) -> list[str]:
+    """`num_samples` completions of each prompt (text, prompt by prompt), greedy at temperature 0, with
+    `model.generate` from `seed`."""
     prompt_ids = [tokenizer(prompt)["input_ids"] for prompt in prompts]
-    sampled = TransformersSampler(model, tokenizer).sample(prompt_ids, 1, temperature, max_new_tokens, seed)
-    return [tokenizer.decode(ids[0], skip_special_tokens=True) for ids in sampled]
+    sampled = TransformersSampler(model, tokenizer).sample(prompt_ids, num_samples, temperature, max_new_tokens, seed)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for completions in sampled for ids in completions]
 
 
-def measure_arm(model, tokenizer, problems: Sequence[Problem], rubric_temperature: float, seed: int) -> dict:
+# Rubrics the gates sample per question: the answers they are read against are greedy, so the sampled rubric is the
+# net signal's only noise, about ±0.03 with one rubric per question on 256 questions, 8 samples divide it by √8.
+GATE_RUBRIC_SAMPLES = 8
+
+
+def measure_arm(
+    model, tokenizer, problems: Sequence[Problem], rubric_temperature: float, seed: int,
+    rubric_samples: int = GATE_RUBRIC_SAMPLES,
+) -> dict:  # fmt: skip
     """What the gates read of one arm on `problems` (its training questions): rubric validity (greedy, and sampled at
-    `rubric_temperature`), greedy answer accuracy, and the net signal of its sampled rubrics against its greedy
-    answers (see `gates`)."""
+    `rubric_temperature`, `rubric_samples` per question), greedy answer accuracy, and the net signal of its sampled
+    rubrics against its greedy answers (see `gates`)."""
     rubric_prompts = [toy.DEMO_PROMPTS.rubric_generation.format(question=p.question) for p in problems]
     greedy_rubrics = sample_completions(model, tokenizer, rubric_prompts, 0.0, 32, seed)
-    sampled_rubrics = sample_completions(model, tokenizer, rubric_prompts, rubric_temperature, 32, seed)
+    sampled_rubrics = sample_completions(
+        model, tokenizer, rubric_prompts, rubric_temperature, 32, seed, rubric_samples
+    )
     answer_right = [reading == "correct" for reading in greedy_readings(model, tokenizer, problems, seed)]
-    rubric_right = [toy.rubric_reading(p, r) == "correct" for p, r in zip(problems, sampled_rubrics, strict=True)]
+    sampled_problems = [p for p in problems for _ in range(rubric_samples)]
+    rubric_right = [
+        toy.rubric_reading(p, r) == "correct" for p, r in zip(sampled_problems, sampled_rubrics, strict=True)
+    ]
 
-    def valid_rate(rubrics):
-        readings = [toy.rubric_reading(p, rubric) for p, rubric in zip(problems, rubrics, strict=True)]
+    def valid_rate(rubrics, asked):
+        readings = [toy.rubric_reading(p, rubric) for p, rubric in zip(asked, rubrics, strict=True)]
         return 1 - readings.count("invalid") / len(readings)
 
     return {
-        "rubric_valid_greedy": valid_rate(greedy_rubrics),
-        "rubric_valid_sampled": valid_rate(sampled_rubrics),
+        "rubric_valid_greedy": valid_rate(greedy_rubrics, problems),
+        "rubric_valid_sampled": valid_rate(sampled_rubrics, sampled_problems),
         "answer_accuracy": sum(answer_right) / len(answer_right),
         "rubric_accuracy_sampled": sum(rubric_right) / len(rubric_right),
-        "net_signal": net_signal(rubric_right, answer_right),
+        "net_signal": net_signal(rubric_right, [right for right in answer_right for _ in range(rubric_samples)]),
     }
 
 
