@@ -1,7 +1,16 @@
 import pytest
 import torch
 
-from trl_es.core.fitness import centered_ranks, shape_fitness, update_coefficients, zscore
+from trl_es.core.fitness import (
+    centered_ranks,
+    member_fitness,
+    objective_rewards,
+    pass_at_k_rewards,
+    prompt_normalized,
+    shape_fitness,
+    update_coefficients,
+    zscore,
+)
 from trl_es.core.noise import Member
 
 
@@ -78,3 +87,51 @@ def test_member_fitness_refuses_a_population_with_no_score_at_all():
 
     with pytest.raises(ValueError, match="returned None for every completion"):
         member_fitness(torch.full((2, 3), float("nan")))
+
+
+def test_prompt_normalisation_standardises_each_prompt_over_the_population():
+    # 2 members x (2 prompts x 2 generations): prompt 0 is easy (rewards near 1), prompt 1 hard (near 0)
+    rewards = torch.tensor([[1.0, 0.8, 0.0, 0.2], [0.6, 1.0, 0.0, 0.0]])
+    normalized = prompt_normalized(rewards, num_generations=2)
+    easy, hard = torch.tensor([1.0, 0.8, 0.6, 1.0]), torch.tensor([0.0, 0.2, 0.0, 0.0])
+    by_hand = [(easy - 0.85) / easy.std(unbiased=False), (hard - 0.05) / hard.std(unbiased=False)]
+    assert torch.allclose(normalized[:, :2].flatten(), by_hand[0])
+    assert torch.allclose(normalized[:, 2:].flatten(), by_hand[1])
+    # both prompts now weigh the same: the hard prompt's 0.2 counts as much as the easy one's spread
+    assert torch.allclose(normalized[:, 2:].pow(2).mean(), normalized[:, :2].pow(2).mean())
+
+
+def test_prompt_normalisation_keeps_unscored_nan_and_zeroes_a_prompt_nobody_differs_on():
+    rewards = torch.tensor([[1.0, torch.nan, 0.5], [1.0, 2.0, 0.0]])
+    normalized = prompt_normalized(rewards, num_generations=1)
+    assert torch.equal(normalized[:, 0], torch.zeros(2))  # all members scored 1: no information
+    assert torch.isnan(normalized[0, 1]) and normalized[1, 1] == 0  # one scored completion: its own mean
+    assert torch.allclose(normalized[:, 2], torch.tensor([1.0, -1.0]))
+
+
+def test_pass_at_k_rewards_are_each_members_unbiased_pass_at_k_per_prompt():
+    # 1 member, 2 prompts x 4 generations, success = reward above 0.5; prompt 0: 1 of 4 right, prompt 1: 0 of 4
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.5, 0.1]])
+    found = pass_at_k_rewards(rewards, num_generations=4, k=2, success_threshold=0.5)
+    assert torch.allclose(found, torch.tensor([[1 - 3 / 6, 0.0]]))  # 1 - C(3,2)/C(4,2); 0.5 is not above 0.5
+    assert torch.allclose(pass_at_k_rewards(rewards, 4, 1, 0.5), torch.tensor([[0.25, 0.0]]))
+
+
+def test_pass_at_k_rewards_count_only_scored_completions_and_need_k_of_them():
+    rewards = torch.tensor([[1.0, torch.nan, 0.0, torch.nan], [torch.nan, torch.nan, torch.nan, 1.0]])
+    found = pass_at_k_rewards(rewards, num_generations=2, k=2, success_threshold=0.0)
+    assert torch.isnan(found[0, 0]) and torch.isnan(found[0, 1])  # one scored completion each: no Pass@2
+    assert torch.isnan(found[1, 0]) and torch.isnan(found[1, 1])
+    assert torch.allclose(
+        pass_at_k_rewards(rewards, 2, 1, 0.0), torch.tensor([[1.0, 0.0], [torch.nan, 1.0]]), equal_nan=True
+    )
+
+
+def test_the_objective_scores_pass_at_k_then_normalises_per_prompt():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.equal(objective_rewards(rewards, 2), rewards)
+    pass_2 = objective_rewards(rewards, 2, pass_k=2, success_threshold=0.5)
+    assert torch.allclose(pass_2, torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
+    both = objective_rewards(rewards, 2, pass_k=2, success_threshold=0.5, normalize_prompts=True)
+    assert torch.allclose(both, prompt_normalized(pass_2, 1))
+    assert member_fitness(both).argmax() == 1  # the member that covers both prompts

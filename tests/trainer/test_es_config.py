@@ -24,7 +24,15 @@ def test_is_a_grpo_config_so_every_grpo_field_is_accepted(tmp_path):
 
 
 def test_es_fields_have_help_and_docstring_entries():
-    for name in ("population_size", "sigma", "antithetic", "fitness_shaping", "learning_rate"):
+    for name in (
+        "population_size",
+        "sigma",
+        "antithetic",
+        "fitness_shaping",
+        "normalize_fitness_per_prompt",
+        "fitness_pass_at_k",
+        "learning_rate",
+    ):
         spec = ESConfig.__dataclass_fields__[name]
         assert spec.metadata.get("help"), name
         assert f"{name} (`" in ESConfig.__doc__, name
@@ -45,6 +53,8 @@ def test_grpo_only_fields_exist_in_grpo_config():
         ({"learning_rate": -1.0}, "learning_rate .* got -1.0"),
         ({"temperature": -0.5}, "temperature must be >= 0"),
         ({"num_generations": 0}, "num_generations must be >= 1, got 0"),
+        ({"fitness_pass_at_k": 0}, "fitness_pass_at_k must be an integer >= 1 or None, got 0"),
+        ({"fitness_pass_at_k": 4, "num_generations": 2, "temperature": 1.0}, "Set num_generations >= 4"),
         # Values that made the master non-finite, or that transformers and numpy refused only at train time (issue 16)
         ({"weight_decay": float("nan")}, "weight_decay must be a finite number >= 0, got nan"),
         ({"weight_decay": -0.1}, "weight_decay must be a finite number >= 0, got -0.1"),

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOTrainer
 
 from trl_es import ESTrainer
-from trl_es.core.fitness import shape_fitness, update_coefficients
+from trl_es.core.fitness import member_fitness, objective_rewards, shape_fitness, update_coefficients
 from trl_es.core.noise import parameter_noise, population
 
 
@@ -97,6 +97,46 @@ def test_one_step_applies_lr_times_mean_of_shaped_fitness_times_noise(
         direction = sum((z[i].item() / 4) * parameter_noise(m.seed, name, param.shape) for i, m in enumerate(members))
         assert torch.allclose(param, before[name] + 0.01 * direction, atol=1e-6), name
     assert update_coefficients(members, z)  # same coefficients the trainer used, by construction
+
+
+def parity_reward(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+
+
+@pytest.mark.parametrize(
+    "objective",
+    [
+        {"normalize_fitness_per_prompt": True},
+        {"fitness_pass_at_k": 2},
+        {"fitness_pass_at_k": 2, "normalize_fitness_per_prompt": True},
+    ],
+)
+def test_the_update_follows_the_fitness_objective_asked_for(tiny_model_path, prompts, make_config, objective):
+    """Members' fitness from each prompt's standardised rewards or their Pass@2 (successes: odd lengths, above the
+    default threshold 0), not their mean reward."""
+    rewards_seen = []
+
+    def recording_reward(completions, **kwargs):
+        rewards = parity_reward(completions)
+        rewards_seen.append(rewards)
+        return rewards
+
+    settings = dict(population_size=4, sigma=0.5, learning_rate=0.01, max_steps=1, temperature=1.0)
+    config = make_config(**settings, num_generations=2, per_device_train_batch_size=8, **objective)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=recording_reward, args=config, train_dataset=prompts)
+    before = snapshot(trainer.model)
+    trainer.train()
+
+    rewards = torch.tensor(rewards_seen)  # (members, 4 prompts x 2 generations): one reward call per member
+    chosen = objective_rewards(
+        rewards, 2, objective.get("fitness_pass_at_k"), 0.0, objective.get("normalize_fitness_per_prompt", False)
+    )
+    z = shape_fitness(member_fitness(chosen), "zscore")
+    assert not torch.allclose(z, shape_fitness(member_fitness(rewards), "zscore")), "the objective must matter here"
+    members = population(config.seed, step=0, population_size=4)
+    for name, param in trainer.model.named_parameters():
+        direction = sum((z[i].item() / 4) * parameter_noise(m.seed, name, param.shape) for i, m in enumerate(members))
+        assert torch.allclose(param, before[name] + 0.01 * direction, atol=1e-6), name
 
 
 def test_sampling_members_share_random_numbers(tiny_model_path, prompts, make_config):

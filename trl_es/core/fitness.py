@@ -8,9 +8,12 @@ The antithetic (two-point) estimator needs no separate formula: a pair `(+eps, -
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .noise import Member
+from .pass_at_k import pass_at_k
 
 FITNESS_SHAPINGS = ("zscore", "centered_rank", "none")
 
@@ -47,6 +50,65 @@ def member_fitness(completion_rewards: torch.Tensor) -> torch.Tensor:
         )
     fitness = torch.nanmean(completion_rewards, dim=1)
     return torch.where(torch.isnan(fitness), torch.nanmean(fitness), fitness)
+
+
+def prompt_normalized(completion_rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Each prompt's rewards standardised over the population, so that a hard prompt and an easy one weigh the same
+    in a member's fitness (EGGROLL normalises per prompt group): `(members, prompts * num_generations)` rewards, whose
+    `num_generations` consecutive completions answer one prompt, minus the prompt's mean over every member's
+    completions of it, over their (population) standard deviation. NaN (not scored) stays NaN; a prompt on which the
+    population scored all the same gives zeros: it cannot tell members apart.
+    """
+    members, completions = completion_rewards.shape
+    grouped = completion_rewards.to(torch.float32).view(members, completions // num_generations, num_generations)
+    scored = ~torch.isnan(grouped)
+    count = scored.sum(dim=(0, 2), keepdim=True).clamp(min=1)
+    mean = grouped.nansum(dim=(0, 2), keepdim=True) / count
+    centred = grouped - mean
+    std = (centred.nan_to_num().pow(2).sum(dim=(0, 2), keepdim=True) / count).sqrt()
+    normalized = torch.where(std > 0, centred / std.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    return torch.where(scored, normalized, torch.nan).view(members, completions)
+
+
+def pass_at_k_rewards(
+    completion_rewards: torch.Tensor, num_generations: int, k: int, success_threshold: float
+) -> torch.Tensor:
+    """`(members, prompts)`: each member's unbiased Pass@k on each prompt from its `num_generations` completions of
+    it (consecutive in `(members, prompts * num_generations)` rewards), a success being a reward above
+    `success_threshold`; NaN where fewer than `k` completions were scored. With it as fitness, ES climbs coverage
+    itself instead of the mean reward (`ESConfig.fitness_pass_at_k`).
+    """
+    members, completions = completion_rewards.shape
+    grouped = completion_rewards.view(members, completions // num_generations, num_generations)
+    scored = (~torch.isnan(grouped)).sum(dim=2).tolist()
+    successes = (grouped > success_threshold).sum(dim=2).tolist()  # NaN > x is False: unscored is no success
+    return torch.tensor(
+        [
+            [pass_at_k(n, c, k) if n >= k else math.nan for n, c in zip(row_n, row_c, strict=True)]
+            for row_n, row_c in zip(scored, successes, strict=True)
+        ],
+        dtype=torch.float32,
+    )
+
+
+def objective_rewards(
+    completion_rewards: torch.Tensor,
+    num_generations: int,
+    pass_k: int | None = None,
+    success_threshold: float = 0.0,
+    normalize_prompts: bool = False,
+) -> torch.Tensor:
+    """What `member_fitness` averages into each member's fitness, from `(members, prompts * num_generations)`
+    rewards: the rewards themselves, or with `pass_k` each prompt's Pass@k (`pass_at_k_rewards`); with
+    `normalize_prompts`, standardised prompt by prompt over the population (`prompt_normalized`)."""
+    if pass_k is not None:
+        completion_rewards, num_generations = (
+            pass_at_k_rewards(completion_rewards, num_generations, pass_k, success_threshold),
+            1,
+        )
+    if normalize_prompts:
+        completion_rewards = prompt_normalized(completion_rewards, num_generations)
+    return completion_rewards
 
 
 def zscore(fitness: torch.Tensor) -> torch.Tensor:

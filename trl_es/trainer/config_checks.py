@@ -167,6 +167,14 @@ def _check_generation(config) -> None:
     num_generations = config.num_generations
     if num_generations is None or num_generations < 1:
         raise ValueError(f"num_generations must be >= 1, got {num_generations!r}.")
+    pass_k = config.fitness_pass_at_k
+    if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
+        raise ValueError(f"fitness_pass_at_k must be an integer >= 1 or None, got {pass_k!r}.")
+    if pass_k is not None and pass_k > num_generations:
+        raise ValueError(
+            f"fitness_pass_at_k={pass_k} needs at least {pass_k} completions of each prompt per member, but "
+            f"num_generations={num_generations}. Set num_generations >= {pass_k} (with temperature > 0)."
+        )
     if num_generations > 1 and config.temperature == 0:
         warnings.warn(
             f"num_generations={num_generations} with greedy decoding (temperature=0) produces {num_generations} "

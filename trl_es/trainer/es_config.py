@@ -46,6 +46,15 @@ class ESConfig(GRPOConfig):
         fitness_shaping (`str`, *optional*, defaults to `"zscore"`):
             How member fitness is normalised before the update: `"zscore"` (paper), `"centered_rank"` (OpenAI ES) or
             `"none"` (mean-centred only). Equal fitness always gives a zero update.
+        normalize_fitness_per_prompt (`bool`, *optional*, defaults to `False`):
+            Standardise each prompt's rewards across the population (every member's completions of it) before they
+            are averaged into a member's fitness, so that easy and hard prompts weigh the same (EGGROLL normalises
+            per prompt group). A prompt every member scores the same on adds nothing.
+        fitness_pass_at_k (`int`, *optional*):
+            Score each member by its mean unbiased Pass@k over the step's prompts, from its `num_generations`
+            completions of each (a success: weighted reward above `success_reward_threshold`), instead of its mean
+            reward, so that ES climbs coverage itself. Needs `num_generations >= fitness_pass_at_k` (and
+            `temperature > 0` for more than one completion per prompt). Logged rewards stay the rewards.
         perturbation (`str`, *optional*, defaults to `"full"`):
             `"full"`: each member perturbs every evolving parameter with full-rank Gaussian noise. `"lowrank"`
             (EGGROLL, arXiv 2511.16652): each `nn.Linear`/`nn.Embedding` weight gets `sigma * A @ B.T / sqrt(r)`
@@ -150,6 +159,14 @@ class ESConfig(GRPOConfig):
             "help": "How member fitness is normalised before the update.",
             "choices": list(FITNESS_SHAPINGS),
         },
+    )
+    normalize_fitness_per_prompt: bool = field(
+        default=False,
+        metadata={"help": "Standardise each prompt's rewards across the population before averaging them."},
+    )
+    fitness_pass_at_k: int | None = field(
+        default=None,
+        metadata={"help": "Score members by their mean unbiased Pass@k over prompts instead of their mean reward."},
     )
     perturbation: str = field(
         default="full",

@@ -35,7 +35,14 @@ from ..core.distributed import (
     members_of_this_process,
     whole_batch,
 )
-from ..core.fitness import any_scored, member_fitness, shape_fitness, update_coefficients, weighted_rewards
+from ..core.fitness import (
+    any_scored,
+    member_fitness,
+    objective_rewards,
+    shape_fitness,
+    update_coefficients,
+    weighted_rewards,
+)
 from ..core.guards import check_finite_tensors, check_fitness
 from ..core.kl_anchor import anchored_fitness
 from ..core.noise import derive_seed, sampling_seed
@@ -77,7 +84,9 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     1. draw `population_size` members `theta + sigma * eps_i`, the noise a pure function of (seed, parameter name,
        shape);
     2. every member answers the same prompt batch (`num_generations` completions per prompt, shared sampling seeds);
-    3. a member's fitness is the mean of its completions' weighted rewards; the fitness is shaped (`fitness_shaping`);
+    3. a member's fitness is the mean of its completions' weighted rewards (standardised per prompt with
+       `normalize_fitness_per_prompt`; its Pass@k over the prompts with `fitness_pass_at_k`); the fitness is shaped
+       (`fitness_shaping`);
     4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy.
 
     Only parameters with `requires_grad=True` evolve (with `peft_config`, the adapter). No gradients, optimizer state
@@ -307,10 +316,17 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 self.accelerator.num_processes,
             )
         completion_rewards = weighted_rewards(scores.rewards_per_func, self.reward_weights)  # (members, completions)
-        if not any_scored(completion_rewards):  # e.g. a reward function for another domain of a mixed dataset
+        objective = objective_rewards(
+            completion_rewards,
+            args.num_generations,
+            args.fitness_pass_at_k,
+            args.success_reward_threshold,
+            args.normalize_fitness_per_prompt,
+        )
+        if not any_scored(objective):  # e.g. a reward function for another domain of a mixed dataset
             self._skip_unscored_step(scores, completion_rewards, prompt_ids, completion_ids, timer)
             return None
-        fitness = member_fitness(completion_rewards)
+        fitness = member_fitness(objective)
         with divergence_stops_training(step, args.output_dir):
             check_fitness(fitness, self.reward_weights.tolist())
             if self._kl_probe is not None:

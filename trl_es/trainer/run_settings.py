@@ -13,6 +13,8 @@ RUN_SETTINGS = (
     "sigma",
     "antithetic",
     "fitness_shaping",
+    "normalize_fitness_per_prompt",
+    "fitness_pass_at_k",
     "perturbation",
     "kl_anchor_beta",
     "learning_rate",
