@@ -332,13 +332,18 @@ def test_a_server_with_other_weights_is_refused_at_start(tmp_path, peaked_model_
         trainer.train()
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_a_run_resumed_against_the_server_ends_like_an_uninterrupted_one(tiny_model_path, server_port, secret_file,
-                                                                         checkpoint_root):  # fmt: skip
-    uninterrupted = make_trainer(tiny_model_path, server_config(checkpoint_root / "a", server_port, secret_file))
+                                                                         checkpoint_root, optimizer):  # fmt: skip
+    """The server rebuilds the master and the `es_optimizer` state from the checkpoint (the consistency check of
+    every step compares both digests)."""
+    settings = dict(es_optimizer=optimizer, learning_rate=1e-3 if optimizer == "adam" else MOVING["learning_rate"])
+    first = checkpoint_root / optimizer
+    uninterrupted = make_trainer(tiny_model_path, server_config(first / "a", server_port, secret_file, **settings))
     uninterrupted.train()
     expected = master_digest(uninterrupted.population.master.tensors)
 
-    config = server_config(checkpoint_root / "b", server_port, secret_file, save_strategy="steps", save_steps=2)
+    config = server_config(first / "b", server_port, secret_file, save_strategy="steps", save_steps=2, **settings)
     make_trainer(tiny_model_path, config).train()  # writes checkpoint-2 (and the final checkpoint-3)
     resumed = make_trainer(tiny_model_path, config)
     resumed.train(resume_from_checkpoint=f"{config.output_dir}/checkpoint-2")  # the server rebuilds from it

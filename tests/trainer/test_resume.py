@@ -51,6 +51,39 @@ def test_resume_continues_the_run_bit_for_bit(tiny_model_path, prompts, make_con
     assert first_log["es/param_distance"] == resumed_log["es/param_distance"]  # measured from the run's start
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_resume_continues_the_es_optimizer_state_bit_for_bit(tiny_model_path, prompts, make_config, optimizer):
+    config = resumable_config(make_config, save_steps=3, es_optimizer=optimizer, learning_rate=1e-3)
+    uninterrupted = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    uninterrupted.train()
+    saved = load_file(Path(config.output_dir) / "checkpoint-3" / "es_state" / "optimizer.safetensors")
+    assert saved.keys() == uninterrupted.population.master.optimizer.state_dict().keys() != set()
+
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / "checkpoint-3"))
+
+    assert_bitwise_equal(weights(uninterrupted.model), weights(resumed.model))
+    first, second = uninterrupted.population.master.optimizer, resumed.population.master.optimizer
+    assert first.updates == second.updates == 4
+    assert_bitwise_equal(first.state_dict(), second.state_dict())
+    plain = resumable_config(make_config, learning_rate=1e-3, output_dir=Path(config.output_dir).parent / "plain")
+    sgd = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=plain, train_dataset=prompts)
+    sgd.train()
+    assert not torch.equal(*(dict(t.model.named_parameters())["lm_head.weight"] for t in (sgd, resumed)))
+
+
+def test_resuming_with_another_es_optimizer_is_refused(tiny_model_path, prompts, make_config):
+    config = resumable_config(make_config, max_steps=2, es_optimizer="momentum")
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
+    changed = resumable_config(make_config, max_steps=3, es_optimizer="adam")
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=changed, train_dataset=prompts)
+    with pytest.warns(UserWarning, match="written with es_optimizer='momentum'"):
+        with pytest.raises(
+            ValueError, match="its optimizer state does not apply. Resume with es_optimizer='momentum'"
+        ):
+            resumed.train(resume_from_checkpoint=True)
+
+
 def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_model_path, prompts, make_config):
     config = resumable_config(make_config, max_steps=2, model_init_kwargs={"dtype": "bfloat16"})
     ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..compat.trl import lora_enabled_llm, vllm_server_hidden_from_grpo
+from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
 from ..core.update_shards import UpdateShards
@@ -79,8 +80,7 @@ def build_population(
     model,
     tokens: TokenIds,
     llm=None,
-    lossy_masters: dict[str, torch.Tensor] | None = None,
-    resumed_from: str | None = None,
+    resumed=None,
     update_shards: UpdateShards | None = None,
 ) -> Population:
     """The master of `model`'s evolving parameters (`requires_grad=True`) and the backend `args` asks for.
@@ -90,9 +90,9 @@ def build_population(
         model (`PreTrainedModel`): The trainer's (unwrapped) model, holding the centre.
         tokens ([`TokenIds`]): Padding and EOS ids for `model.generate`.
         llm (`vllm.LLM`, *optional*): The colocated engine (vLLM colocate mode).
-        lossy_masters (`dict[str, torch.Tensor]`, *optional*): When resuming, the float32 masters of the parameters
-            whose model dtype rounds them (from the checkpoint's `es_state/`).
-        resumed_from (`str`, *optional*): The checkpoint a resumed run starts from (a vLLM server reads it).
+        resumed ([`~trainer.resume.ResumedRun`], *optional*): What a resume read from its checkpoint: the float32
+            masters of the parameters whose model dtype rounds them, the `es_optimizer` state, and the checkpoint's
+            path (a vLLM server reads it too).
         update_shards ([`UpdateShards`], *optional*): With several processes, how they share computing the update.
     """
     parameters = evolving_parameters(model)
@@ -111,8 +111,11 @@ def build_population(
         )
     else:
         master = MasterWeights(parameters, args.sigma, share_float32=share)
-    if lossy_masters:
-        master.load_state_dict({**master.state_dict(), **lossy_masters})
+    master.optimizer = DirectionOptimizer(direction_optimizer_settings(args))
+    if resumed is not None and resumed.lossy_masters:
+        master.load_state_dict({**master.state_dict(), **resumed.lossy_masters})
+    if resumed is not None:
+        resumed.restore_optimizer(master)
 
     if vllm_mode is None and lowrank:
         backend = HFLowRankBackend(
@@ -123,9 +126,16 @@ def build_population(
     elif vllm_mode == "colocate":
         backend = _colocate_backend(llm, master, model, lowrank)
     else:
-        backend = _server_backend(args, master, parameters, resumed_from)
+        backend = _server_backend(args, master, parameters, resumed.checkpoint if resumed is not None else None)
     backend.check_consistency(step=0)
     return Population(master, backend, parameters, update_shards)
+
+
+def direction_optimizer_settings(args) -> DirectionOptimizerSettings:
+    """The optimizer on the ES direction that `args` asks for (Adam's constants are the `TrainingArguments` ones)."""
+    return DirectionOptimizerSettings(
+        args.es_optimizer, args.es_momentum, args.adam_beta1, args.adam_beta2, args.adam_epsilon
+    )
 
 
 def evolving_parameters(model) -> dict[str, torch.nn.Parameter]:

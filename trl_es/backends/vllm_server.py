@@ -10,6 +10,7 @@ error that says which.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from ..core.consistency import master_digest, stats_agree
+from ..core.consistency import master_digest, optimizer_digest, stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
@@ -161,7 +162,8 @@ class VLLMServerBackend(OneMemberAtATime):
         # A resumed run's master is in its checkpoint, which the server reads (it must see the same filesystem).
         resume_from = os.path.abspath(checkpoint) if checkpoint else ""
         sigma = repr(float(self.master.sigma))
-        started = self._control("es_init", self.run_id, names, parameter_dtype, sigma, resume_from)
+        optimizer = json.dumps(dataclasses.asdict(self.master.optimizer.settings))
+        started = self._control("es_init", self.run_id, names, parameter_dtype, sigma, resume_from, optimizer)
         self.instance = self._answered_instance
         self.load = started[0]["load"]
         self.weights_tag = uuid.uuid4().hex
@@ -179,6 +181,14 @@ class VLLMServerBackend(OneMemberAtATime):
                 f"The vLLM server at {self.base_url} starts from other weights than the trainer (master digests "
                 f"{sorted(digests)} vs {expected}). Serve the same checkpoint the trainer loads, and load it in the "
                 "trainer without modifying it; when resuming, the server must be able to read the checkpoint "
+                f"{checkpoint!r}."
+            )
+        digests = {result["optimizer_digest"] for result in started}
+        expected = optimizer_digest(self.master.optimizer)
+        if digests != {expected}:
+            raise VLLMServerError(
+                f"The vLLM server at {self.base_url} holds another es_optimizer state than the trainer "
+                f"({sorted(digests)} vs {expected}): when resuming, the server must read the same checkpoint "
                 f"{checkpoint!r}."
             )
 
@@ -231,6 +241,11 @@ class VLLMServerBackend(OneMemberAtATime):
                 raise VLLMServerError(
                     f"At step {step} the vLLM server's master differs from the trainer's (digest "
                     f"{report['master_digest']} vs {expected}): the server's generations no longer follow the run."
+                )
+            if report["optimizer_digest"] != optimizer_digest(self.master.optimizer):
+                raise VLLMServerError(
+                    f"At step {step} the vLLM server's es_optimizer state differs from the trainer's: its next "
+                    "updates would not be the trainer's."
                 )
         # Layout-free statistics only sum up to the whole model on a single (non-sharded) worker.
         if len(reports) == 1 and not stats_agree(reports[0]["engine_stats"], reports[0]["predicted_engine_stats"]):

@@ -31,8 +31,9 @@ from safetensors.torch import load_file
 from .._version import __version__
 from ..compat.vllm import served_model_path, worker_model
 from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
-from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE
-from ..core.consistency import engine_fingerprint, layout_free_stats, master_digest
+from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, load_optimizer_state
+from ..core.consistency import engine_fingerprint, layout_free_stats, master_digest, optimizer_digest
+from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .control_channel import CHECKPOINT_DIR_ENV
@@ -160,12 +161,17 @@ class ESWorkerExtension:
         return __version__
 
     @control_call
-    def es_init(self, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "") -> dict:
+    def es_init(
+        self, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "",
+        optimizer_json: str = "{}",
+    ) -> dict:  # fmt: skip
         """Start a run: build the master of the evolving parameters `names_json` from the served checkpoint, rounded
         through the trainer's parameter dtype so both masters start equal; or, when the trainer resumes, from its
-        checkpoint `resume_from` (weights plus the float32 masters of `es_state/`), which must lie under the
-        server's `--checkpoint_dir`. Members are perturbed with noise scale `sigma`. A run in progress is replaced
-        (its trainer is told at its next call). Returns the master digest, the load number, and the replaced run."""
+        checkpoint `resume_from` (weights plus the float32 masters and the `es_optimizer` state of `es_state/`),
+        which must lie under the server's `--checkpoint_dir`. Members are perturbed with noise scale `sigma`;
+        updates go through the optimizer of `optimizer_json` (`DirectionOptimizerSettings`' fields). A run in
+        progress is replaced (its trainer is told at its next call). Returns the master and optimizer digests, the
+        load number, and the replaced run."""
         names = json.loads(names_json)
         dtype = getattr(torch, trainer_dtype)
         resumed = _resume_checkpoint(resume_from) if resume_from else None
@@ -188,10 +194,21 @@ class ESWorkerExtension:
         if previous is not None and previous["run_id"] != run_id:
             replaced = {"run_id": previous["run_id"], "idle_seconds": time.monotonic() - previous["last_call"]}
         master = MasterWeights(evolving, float(sigma))
+        master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))
+        if resumed is not None:
+            metadata = json.loads((resumed / ES_STATE_DIR / META_FILE).read_text())
+            shapes = {name: tensor.shape for name, tensor in master.tensors.items()}
+            optimizer_state = {name: t.to(device) for name, t in load_optimizer_state(resumed).items()}
+            master.optimizer.load_state_dict(optimizer_state, metadata, shapes)
         state = {"run_id": run_id, "master": master, "frozen": frozen, "load": 0, "last_call": time.monotonic()}
         self._es_state = state
         load = self._es_write(state, master.tensors.items(), "the centre")
-        return {"master_digest": master_digest(master.tensors), "load": load, "replaced": replaced}
+        return {
+            "master_digest": master_digest(master.tensors),
+            "optimizer_digest": optimizer_digest(master.optimizer),
+            "load": load,
+            "replaced": replaced,
+        }
 
     @control_call
     def es_load_member(self, run_id: str, expected_load: str, seed: str, sign: str) -> str:
@@ -230,6 +247,7 @@ class ESWorkerExtension:
         predicted = layout_free_stats([*masters, *state["frozen"]], dtype=engine_dtype)
         return {
             "master_digest": master_digest(state["master"].tensors),
+            "optimizer_digest": optimizer_digest(state["master"].optimizer),
             "engine_stats": list(layout_free_stats(worker_model(self).parameters())),
             "predicted_engine_stats": list(predicted),
             "pid": os.getpid(),

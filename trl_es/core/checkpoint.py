@@ -27,6 +27,7 @@ from .guards import check_finite_tensors
 ES_STATE_DIR = "es_state"
 MASTER_FILE = "master.safetensors"
 REFERENCE_FILE = "reference.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"  # the state of `ESConfig.es_optimizer` (empty for plain ES)
 META_FILE = "es_state.json"
 FORMAT_VERSION = 1
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -44,16 +45,20 @@ def save_es_state(
     parameter_dtypes: dict[str, torch.dtype],
     reference: dict[str, torch.Tensor],
     metadata: dict,
+    optimizer_state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write the ES state of a run into `checkpoint_dir/es_state/`; the metadata file is written last. Raises
-    `NonFiniteError`, writing nothing, if a master tensor holds NaN or infinity (the reference weights were checked
-    when the run started or was resumed)."""
+    `NonFiniteError`, writing nothing, if a master or optimizer tensor holds NaN or infinity (the reference weights
+    were checked when the run started or was resumed)."""
+    optimizer_state = optimizer_state or {}
     check_finite_tensors(master, f"The ES master tensors to be written to {checkpoint_dir}")
+    check_finite_tensors(optimizer_state, f"The es_optimizer state to be written to {checkpoint_dir}")
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
     lossy = {name: tensor for name, tensor in master.items() if parameter_dtypes[name] != torch.float32}
     save_file(_contiguous_cpu(lossy), state_dir / MASTER_FILE)
     save_file(_contiguous_cpu(reference), state_dir / REFERENCE_FILE)
+    save_file(_contiguous_cpu(optimizer_state), state_dir / OPTIMIZER_FILE)
     (state_dir / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **metadata}, indent=2))
 
 
@@ -78,6 +83,12 @@ def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[dict[str, torch.Te
     check_finite_tensors(masters, f"The tensors of {state_dir / MASTER_FILE}")
     check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
     return masters, reference, metadata
+
+
+def load_optimizer_state(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The `es_optimizer` state tensors of a checkpoint (none where it was written before the optimizer existed)."""
+    path = Path(checkpoint_dir) / ES_STATE_DIR / OPTIMIZER_FILE
+    return load_file(path) if path.is_file() else {}
 
 
 def check_saved_tensors(
@@ -239,4 +250,6 @@ def _es_state_problem(state_dir: Path) -> str | None:
         problem = _safetensors_problem(state_dir / file)
         if problem is not None:
             return problem
+    if (state_dir / OPTIMIZER_FILE).exists():  # absent from checkpoints written before it existed
+        return _safetensors_problem(state_dir / OPTIMIZER_FILE)
     return None

@@ -27,6 +27,12 @@ def master_digest(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def optimizer_digest(optimizer) -> str:
+    """SHA-256 of an `es_optimizer`'s settings, number of updates and state tensors (see `master_digest`)."""
+    state = {f"state/{key}": tensor for key, tensor in optimizer.state_dict().items()}
+    return f"{optimizer.settings}|{optimizer.updates}|{master_digest(state)}"
+
+
 def layout_free_stats(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> tuple[float, float]:
     """`(sum, sum of squares)` of all elements in float64, after casting each tensor to `dtype` if given."""
     total, squares = 0.0, 0.0

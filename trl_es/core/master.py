@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .direction_optimizer import DirectionOptimizer
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
 from .noise import Member, parameter_noise
 from .update_shards import UpdateShards
@@ -34,6 +35,7 @@ class MasterWeights:
 
     def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, share_float32: bool = False):
         self.sigma = sigma
+        self.optimizer = DirectionOptimizer()  # plain ES; `ESConfig.es_optimizer` sets another (`build_population`)
         self.tensors = {
             name: param.detach() if share_float32 and param.dtype == torch.float32 else param.detach().float().clone()
             for name, param in parameters.items()
@@ -66,9 +68,9 @@ class MasterWeights:
         weight_decay: float = 0.0,
         shards: UpdateShards | None = None,
     ) -> float:
-        """`master <- master * (1 - lr * weight_decay) + lr * direction` for every tensor that is not frozen; returns
-        the L2 norm of `lr * direction`. With `shards`, the processes share computing the directions (the result is
-        bitwise the same).
+        """`master <- master * (1 - lr * weight_decay) + lr * step` for every tensor that is not frozen, where the
+        step is the direction as `self.optimizer` transforms it (plain ES: the direction itself); returns the L2 norm
+        of `lr * step`. With `shards`, the processes share computing the directions (the result is bitwise the same).
 
         Raises `NonFiniteError` instead of writing a non-finite value: coefficients, `lr` and the decay factor are
         checked before any tensor changes, and each tensor's step before it is added (an overflow found there leaves
@@ -80,8 +82,9 @@ class MasterWeights:
         else:
             directions = shards.directions(self.tensors, names, lambda name: self.update_direction(name, coefficients))
         squared_norms = {}
+        self.optimizer.begin_update()
         for name, direction in directions:
-            master, step = self.tensors[name], direction.mul_(lr)
+            master, step = self.tensors[name], self.optimizer.step(name, direction).mul_(lr)
             check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr)
             if weight_decay:
                 master.mul_(1.0 - lr * weight_decay)

@@ -13,6 +13,7 @@ import math
 import warnings
 from collections.abc import Callable
 
+from ..core.direction_optimizer import DirectionOptimizerSettings
 from ..core.distributed import check_population_divides
 from ..core.fitness import FITNESS_SHAPINGS
 from ..core.guards import FLOAT32_MAX, is_float32_finite
@@ -83,6 +84,9 @@ def _check_es_fields(config) -> None:
         raise ValueError(
             f"Unknown fitness_shaping={config.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
         )
+    DirectionOptimizerSettings(  # refuses an unknown optimizer or a constant out of range, naming the field
+        config.es_optimizer, config.es_momentum, config.adam_beta1, config.adam_beta2, config.adam_epsilon
+    )
     if config.perturbation not in PERTURBATIONS:
         raise ValueError(f"Unknown perturbation={config.perturbation!r}; use one of {', '.join(PERTURBATIONS)}.")
     if not isinstance(config.lowrank_rank, int) or config.lowrank_rank < 1:

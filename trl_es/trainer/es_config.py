@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..compat.trl import one_completion_per_prompt_accepted
+from ..core.direction_optimizer import ES_OPTIMIZERS
 from ..core.fitness import FITNESS_SHAPINGS
 from ..core.lowrank import OTHER_PARAMETERS
 from .config_checks import PERTURBATIONS, check_after_grpo, check_before_grpo, import_function
@@ -55,6 +56,14 @@ class ESConfig(GRPOConfig):
             completions of each (a success: weighted reward above `success_reward_threshold`), instead of its mean
             reward, so that ES climbs coverage itself. Needs `num_generations >= fitness_pass_at_k` (and
             `temperature > 0` for more than one completion per prompt). Logged rewards stay the rewards.
+        es_optimizer (`str`, *optional*, defaults to `"sgd"`):
+            What the update adds, `learning_rate` times: the ES direction itself (`"sgd"`, the anchor paper), its
+            running sum with decay `es_momentum` (`"momentum"`), or Adam's normalised step with `adam_beta1`,
+            `adam_beta2` and `adam_epsilon` (`"adam"`, the EGGROLL code); weight decay stays decoupled. The state is
+            saved in every checkpoint and a resume continues it bitwise. Adam's entries are about `learning_rate` in
+            size, `sqrt(population_size)` times plain ES's: lower `learning_rate` to match.
+        es_momentum (`float`, *optional*, defaults to `0.9`):
+            Decay of the running direction with `es_optimizer="momentum"`.
         perturbation (`str`, *optional*, defaults to `"full"`):
             `"full"`: each member perturbs every evolving parameter with full-rank Gaussian noise. `"lowrank"`
             (EGGROLL, arXiv 2511.16652): each `nn.Linear`/`nn.Embedding` weight gets `sigma * A @ B.T / sqrt(r)`
@@ -167,6 +176,17 @@ class ESConfig(GRPOConfig):
     fitness_pass_at_k: int | None = field(
         default=None,
         metadata={"help": "Score members by their mean unbiased Pass@k over prompts instead of their mean reward."},
+    )
+    es_optimizer: str = field(
+        default="sgd",
+        metadata={
+            "help": "What the update adds: the ES direction, its momentum, or Adam's step.",
+            "choices": list(ES_OPTIMIZERS),
+        },
+    )
+    es_momentum: float = field(
+        default=0.9,
+        metadata={"help": "Decay of the running direction with es_optimizer='momentum'."},
     )
     perturbation: str = field(
         default="full",

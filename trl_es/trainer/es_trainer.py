@@ -87,7 +87,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     3. a member's fitness is the mean of its completions' weighted rewards (standardised per prompt with
        `normalize_fitness_per_prompt`; its Pass@k over the prompts with `fitness_pass_at_k`); the fitness is shaped
        (`fitness_shaping`);
-    4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy.
+    4. `theta <- theta + learning_rate * (1/N) * sum_i z_i * eps_i`, accumulated and applied to a float32 master copy
+       (through momentum or Adam with `es_optimizer`).
 
     Only parameters with `requires_grad=True` evolve (with `peft_config`, the adapter). No gradients, optimizer state
     or activations for backpropagation are kept, and no reference model is built: with `kl_anchor_beta`, the KL
@@ -220,8 +221,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 model,
                 self.tokens,
                 llm=colocated_engine(self),
-                lossy_masters=resumed.lossy_masters if resumed else None,
-                resumed_from=resumed.checkpoint if resumed else None,
+                resumed=resumed,
                 update_shards=self._update_shards(),
             )
             if self._reference is None and self.args.should_save:

@@ -1,6 +1,6 @@
 """Checkpoints of an ES run: which checkpoint a resume starts from, the ES state written beside the Trainer's, and
-what a resume reads back (the float32 master, the starting weights, the step counters), checked against the model and
-the settings."""
+what a resume reads back (the float32 master, the starting weights, the step counters, the `es_optimizer` state),
+checked against the model and the settings."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..core.checkpoint import (
     float32_model_weights,
     last_complete_checkpoint,
     load_es_state,
+    load_optimizer_state,
     save_es_state,
 )
 from ..evaluation.metrics import StartingWeights
@@ -56,14 +57,16 @@ def resume_checkpoint(resume_from_checkpoint: str | os.PathLike | bool | None, o
 
 
 def save_run_state(output_dir: str, population, reference: StartingWeights | None, metadata: dict) -> None:
-    """Write a checkpoint's `es_state/`: the float32 master of the parameters the model rounds, the starting weights
-    and `metadata` (see `run_metadata`)."""
+    """Write a checkpoint's `es_state/`: the float32 master of the parameters the model rounds, the starting weights,
+    the `es_optimizer` state and `metadata` (see `run_metadata`)."""
+    optimizer = population.master.optimizer
     save_es_state(
         output_dir,
         master=population.master.state_dict(),
         parameter_dtypes={name: param.dtype for name, param in population.parameters.items()},
         reference=reference,
-        metadata=metadata,
+        metadata={**metadata, **optimizer.metadata()},
+        optimizer_state=optimizer.state_dict(),
     )
 
 
@@ -88,6 +91,13 @@ class ResumedRun:
     lossy_masters: dict[str, torch.Tensor]
     reference: dict[str, torch.Tensor]
     counters: StepCounters
+    optimizer_state: dict[str, torch.Tensor]
+    metadata: dict  # es_state.json: the run settings, and the optimizer's number of updates
+
+    def restore_optimizer(self, master) -> None:
+        """Continue the checkpoint's `es_optimizer` state in `master.optimizer` (checked against the master)."""
+        shapes = {name: tensor.shape for name, tensor in master.tensors.items() if not master.is_frozen(name)}
+        master.optimizer.load_state_dict(self.optimizer_state, self.metadata, shapes)
 
     @classmethod
     def load(cls, checkpoint: str, parameters: dict[str, torch.nn.Parameter], args, reward_names: list[str]):
@@ -102,7 +112,7 @@ class ResumedRun:
         # model now rounds them (a float32 run resumed in bf16), the master comes from the checkpoint's float32 files.
         lossy_masters.update(_float32_masters_from_model_files(checkpoint, parameters, lossy_masters))
         counters = StepCounters(metadata.get("skipped_steps", 0), metadata.get("degenerate_steps", 0))
-        return cls(checkpoint, lossy_masters, reference, counters)
+        return cls(checkpoint, lossy_masters, reference, counters, load_optimizer_state(checkpoint), metadata)
 
 
 def _warn_about_changed_settings(checkpoint: str, metadata: dict, args, reward_names: list[str]) -> None:

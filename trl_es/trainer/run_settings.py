@@ -15,6 +15,7 @@ RUN_SETTINGS = (
     "fitness_shaping",
     "normalize_fitness_per_prompt",
     "fitness_pass_at_k",
+    "es_optimizer",
     "perturbation",
     "kl_anchor_beta",
     "learning_rate",
@@ -45,6 +46,11 @@ RUN_SETTINGS = (
 )
 LOWRANK_RUN_SETTINGS = ("lowrank_rank", "lowrank_other_parameters")
 KL_ANCHOR_RUN_SETTINGS = ("kl_anchor_probe_size",)
+OPTIMIZER_RUN_SETTINGS = {
+    "sgd": (),
+    "momentum": ("es_momentum",),
+    "adam": ("adam_beta1", "adam_beta2", "adam_epsilon"),
+}
 
 # The card says these in its text (the reward weights beside the reward functions), or only for the runs they apply
 # to (`vllm_mode` for vLLM runs); it adds how the model was loaded, which a resume may change (its device map).
@@ -53,9 +59,11 @@ _CARD_ONLY_SETTINGS = ("model_init_kwargs",)
 
 
 def run_setting_names(args) -> tuple[str, ...]:
-    """`RUN_SETTINGS`, and the low-rank ones for a low-rank run, the anchor's probe for an anchored one."""
+    """`RUN_SETTINGS`, and the low-rank ones for a low-rank run, the anchor's probe for an anchored one, the
+    optimizer's constants for its optimizer."""
     lowrank = LOWRANK_RUN_SETTINGS if args.perturbation == "lowrank" else ()
-    return RUN_SETTINGS + lowrank + (KL_ANCHOR_RUN_SETTINGS if args.kl_anchor_beta else ())
+    anchor = KL_ANCHOR_RUN_SETTINGS if args.kl_anchor_beta else ()
+    return RUN_SETTINGS + lowrank + anchor + OPTIMIZER_RUN_SETTINGS.get(args.es_optimizer, ())
 
 
 def card_setting_names(args) -> tuple[str, ...]:

@@ -1,0 +1,135 @@
+"""An optimizer on the ES direction: what the update adds is `lr` times the direction `g = sum_seed coef * eps(seed)`
+(plain ES, `"sgd"`), its running mean (`"momentum"`), or Adam's `m_hat / (sqrt(v_hat) + eps)` (`"adam"`, the
+EGGROLL code's choice), with decoupled weight decay as before.
+
+The state (one or two float32 tensors per evolving tensor, and the number of updates for Adam's bias correction) is
+part of the run: it is saved in every checkpoint (`core.checkpoint`) and a resume continues bitwise. It is a pure
+function of the directions, so every process and the vLLM server's master keep equal copies by applying the same
+updates; with `shard_update`, each direction is still drawn by one process and broadcast before it is transformed.
+
+Adam's step has entries of size about `lr` whatever the direction's scale, while plain ES's `lr * g` has entries of
+about `lr / sqrt(N)` (z-scored fitness): the same `learning_rate` moves Adam's weights about `sqrt(N)` times further.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .guards import check_finite_tensors
+
+ES_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+@dataclass(frozen=True)
+class DirectionOptimizerSettings:
+    """Which optimizer, with its constants (`ESConfig.es_optimizer`, `es_momentum`, `adam_beta1`, `adam_beta2`,
+    `adam_epsilon`)."""
+
+    name: str = "sgd"
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+    def __post_init__(self):
+        if self.name not in ES_OPTIMIZERS:
+            raise ValueError(f"Unknown es_optimizer={self.name!r}; use one of {', '.join(ES_OPTIMIZERS)}.")
+        for field_name, value in (
+            ("es_momentum", self.momentum),
+            ("adam_beta1", self.beta1),
+            ("adam_beta2", self.beta2),
+        ):
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"{field_name} must be a number in [0, 1), got {value!r}. The usual value is 0.9.")
+        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"adam_epsilon must be a finite number > 0, got {self.epsilon!r}. The usual one is 1e-8.")
+
+
+class DirectionOptimizer:
+    """Turns each tensor's ES direction into its step (before `lr`), keeping the state that needs.
+
+    Call `begin_update()` once per update, then `step(name, direction)` for each tensor of it (in any order).
+
+    Args:
+        settings (`DirectionOptimizerSettings`): which optimizer and its constants.
+    """
+
+    def __init__(self, settings: DirectionOptimizerSettings = DirectionOptimizerSettings()):
+        self.settings = settings
+        self.updates = 0  # updates begun, Adam's t
+        self.state: dict[str, torch.Tensor] = {}  # "<tensor>.momentum" / ".exp_avg" / ".exp_avg_sq", float32
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether the step is the direction itself (no state)."""
+        return self.settings.name == "sgd"
+
+    def begin_update(self) -> None:
+        self.updates += 1
+
+    def step(self, name: str, direction: torch.Tensor) -> torch.Tensor:
+        """The step of tensor `name` for this update, from its `direction` (float32; transformed in place)."""
+        settings = self.settings
+        if settings.name == "sgd":
+            return direction
+        if settings.name == "momentum":
+            buffer = self._buffer(f"{name}.momentum", direction)
+            buffer.mul_(settings.momentum).add_(direction)
+            return direction.copy_(buffer)
+        exp_avg, exp_avg_sq = self._buffer(f"{name}.exp_avg", direction), self._buffer(f"{name}.exp_avg_sq", direction)
+        exp_avg.lerp_(direction, 1 - settings.beta1)
+        exp_avg_sq.mul_(settings.beta2).addcmul_(direction, direction, value=1 - settings.beta2)
+        first_correction = 1 - settings.beta1**self.updates
+        second_correction = 1 - settings.beta2**self.updates
+        denominator = (exp_avg_sq / second_correction).sqrt_().add_(settings.epsilon)
+        return torch.div(exp_avg, first_correction, out=direction).div_(denominator)
+
+    def _buffer(self, key: str, like: torch.Tensor) -> torch.Tensor:
+        if key not in self.state:
+            self.state[key] = torch.zeros_like(like, dtype=torch.float32)
+        return self.state[key]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state tensors by key (empty for `"sgd"`); `updates` is saved beside them (`metadata`)."""
+        return self.state
+
+    def metadata(self) -> dict:
+        return {"es_optimizer": self.settings.name, "es_optimizer_updates": self.updates}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict, shapes: dict[str, torch.Size]) -> None:
+        """Continue from a checkpoint's state: `tensors` and `metadata` as saved, `shapes` the evolving tensors' (a
+        state for another optimizer or another model is refused, naming what differs)."""
+        saved = metadata.get("es_optimizer", "sgd")
+        if saved != self.settings.name:
+            raise ValueError(
+                f"The checkpoint was written with es_optimizer={saved!r}, but this run uses "
+                f"es_optimizer={self.settings.name!r}: its optimizer state does not apply. Resume with "
+                f"es_optimizer={saved!r}, or start a new run from the checkpoint's weights."
+            )
+        expected = {key: shapes[key.rpartition(".")[0]] for key in self.expected_keys(shapes)}
+        if set(tensors) != set(expected) and (tensors or self.updates_of(metadata)):
+            missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+            raise ValueError(
+                f"The checkpoint's es_optimizer state does not match the model: missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]}. Resume with the same model (and PEFT configuration) that wrote the checkpoint."
+            )
+        for key, tensor in tensors.items():
+            if tensor.shape != expected[key] or tensor.dtype != torch.float32:
+                raise ValueError(
+                    f"The checkpoint's es_optimizer state {key!r} is a {tensor.dtype} tensor of shape "
+                    f"{tuple(tensor.shape)}, but it must be float32 of shape {tuple(expected[key])}."
+                )
+        check_finite_tensors(tensors, "The saved es_optimizer state")
+        self.state = {key: tensor.clone() for key, tensor in tensors.items()}
+        self.updates = self.updates_of(metadata)
+
+    def expected_keys(self, shapes: dict[str, torch.Size]) -> list[str]:
+        suffixes = {"sgd": (), "momentum": ("momentum",), "adam": ("exp_avg", "exp_avg_sq")}[self.settings.name]
+        return [f"{name}.{suffix}" for name in shapes for suffix in suffixes]
+
+    @staticmethod
+    def updates_of(metadata: dict) -> int:
+        return int(metadata.get("es_optimizer_updates", 0))
