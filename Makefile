@@ -68,6 +68,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m experiments.coverage_lab --report
 	$(PY) -m experiments.rubric_lab --report
+	$(PY) -m experiments.rubric_lab --report --output_dir docs/rubric_lab_methods
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The built site in headless Chromium (Debian: apt-get install -y chromium): screenshots in docs/screenshots/, checked.

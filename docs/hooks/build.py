@@ -1,9 +1,9 @@
 """mkdocs hooks of the trl-es documentation (mkdocs.yml `hooks:`).
 
-- The lab reports are pages of the site: `docs/lab.md` and `docs/rubric_lab.md` (written by `python -m
-  experiments.coverage_lab --report` / `experiments.rubric_lab --report`, which `make docs` runs first) become
-  `lab.md` and `rubric_lab.md`, with their folders' plots and results.json, read at build time and never copied
-  into the repository.
+- The lab reports are pages of the site: `docs/lab.md`, `docs/rubric_lab.md` and `docs/rubric_lab_methods.md`
+  (written by `python -m experiments.coverage_lab --report` / `experiments.rubric_lab --report [--output_dir
+  docs/rubric_lab_methods]`, which `make docs` runs first) become pages of the same names, with their folders'
+  plots and results.json, read at build time and never copied into the repository.
 - `<!-- cli-reference -->` on a page is replaced by the reference generated from the `trl-es` parsers.
 - Hugging Face doc-builder references on the pages ([`~trl.GRPOTrainer`], [`ESTrainer`]) become links (`refs.py`).
 - Checks that fail `mkdocs build --strict` (they log warnings): every name of `trl_es.__all__` has an API entry, every
@@ -27,7 +27,7 @@ from refs import convert_refs, resolver  # noqa: E402
 log = logging.getLogger("mkdocs.plugins.trl_es_docs")
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_REPORTS = {"lab.md": ROOT / "docs" / "lab.md", "rubric_lab.md": ROOT / "docs" / "rubric_lab.md"}
+LAB_REPORTS = {name: ROOT / "docs" / name for name in ("lab.md", "rubric_lab.md", "rubric_lab_methods.md")}
 CLI_MARKER = "<!-- cli-reference -->"
 FENCE = re.compile(r"^(```|~~~)")
 

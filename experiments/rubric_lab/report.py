@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.harness import cell, finish_axes, markdown_table, read_results, relative_link, spread
-from experiments.rubric_lab.stats import STANDARD_ERRORS, has_rubric_phases
+from experiments.rubric_lab.stats import STANDARD_ERRORS, has_rubric_phases, template_differences
 
 HEADLINE = ("greedy_accuracy", "pass@4", "right_reading", "slip_rate", "rubric_correct_sampled", "rubric_separation")
 PLOTTED = ("greedy_accuracy", "right_reading", "rubric_correct_sampled")
@@ -37,6 +37,7 @@ def render_markdown(results: dict, links: dict[str, str]) -> str:
             model_section(model, by_method, results["intervals"][model])
             for model, by_method in results["summary"].items()
         ),
+        template_section(results["runs"], results["settings"]["bootstrap_draws"]),
         phases_section(results["runs"], links["phases"]),
         limits_section(),
     ]
@@ -237,6 +238,27 @@ def interference_rows(runs: dict) -> list[list[str]]:
             if any(changes.values()):
                 rows.append([model, method, *(f"{sum(c) / len(c):+.3f}" if c else "—" for c in changes.values())])
     return rows
+
+
+def template_section(runs: dict, draws: int) -> list[str]:
+    """Each method's gain over base on the hard templates (where `joint`'s rubrics know better than its answers) and
+    on the easy ones (where they know worse), with bootstrap standard errors: where a flat total comes from."""
+    found = template_differences(runs, draws)
+    rows = [
+        [model, method, *(f"{by_group[g]['mean']:+.3f} ± {by_group[g]['se']:.3f}" for g in ("hard", "easy"))]
+        for model, by_method in found.items()
+        for method, by_group in by_method.items()
+    ]
+    if not rows:
+        return []
+    return [
+        "## Where the accuracy went: hard and easy templates",
+        "Held-out greedy accuracy minus base, on the problems of the three templates whose answers the arms misread "
+        "nine times in ten (`hard`: there `joint`'s rubrics, misreading one in four, know better) and of the other "
+        "three (`easy`: misread one in ten, so there the rubrics know worse), ± bootstrap SE "
+        "(`experiments.rubric_lab.stats.template_differences`):",
+        "\n".join(markdown_table(["model", "method", "hard templates", "easy templates"], rows)),
+    ]
 
 
 def phases_section(runs: dict, plot_link: str) -> list[str]:

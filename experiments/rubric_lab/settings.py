@@ -41,8 +41,10 @@ class RubricLabSettings:
     demo: EvolmDemoSettings = field(
         default_factory=lambda: EvolmDemoSettings(num_held_out=1024, verifier_probe_size=128)
     )
-    pretraining_seeds: tuple[int, ...] = (0, 1, 2)  # the arms (`experiments.rubric_lab.arms`); 0: the shipped ones
-    seeds: tuple[int, ...] = (0,)  # training seeds, crossed with the pretraining seeds
+    # the arms (`experiments.rubric_lab.arms`); 0: the shipped ones. Seed 2 fails a gate (docs: EVOLM, "Pretraining
+    # seeds"), so the full run stops at 2 seeds, crossed with 3 training seeds: 6 runs per method and model
+    pretraining_seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = (0, 1, 2)
     models: tuple[str, ...] = MODELS
     methods: tuple[str, ...] = tuple(METHODS)
     rm_steps: int = 300  # Bradley-Terry training steps of the scalar reward model

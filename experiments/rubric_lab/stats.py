@@ -73,3 +73,34 @@ def has_rubric_phases(method: str) -> bool:
     """EVOLM methods that train the rubrics too (the goal compares them with static rubrics)."""
     changes = METHODS.get(method)
     return changes is not None and changes.get("schedule") != "static"
+
+
+def template_groups(num_problems: int) -> dict[str, np.ndarray]:
+    """The held-out problems (`problem("test", i)`, as the jobs measure them) by template: `hard`, the templates that
+    the arms' answers misread nine times in ten (where `joint`'s rubrics know better), and `easy`, the others (where
+    its rubrics, misreading one in four, know worse than the answers' one in ten)."""
+    from trl_es.demo.evolm.pretrain_arms import EASY_MISREAD, answer_misread_rate
+    from trl_es.tasks.arithmetic import problem
+
+    hard = np.array([answer_misread_rate(problem("test", i).question) > EASY_MISREAD for i in range(num_problems)])
+    return {"hard": hard, "easy": ~hard}
+
+
+def template_differences(runs: dict, draws: int) -> dict:
+    """`found[model][method][group]`: accuracy minus the base model's on the held-out problems of each template group
+    (`template_groups`), paired by run and problem as `paired_difference`."""
+    found = {}
+    for model, by_method in runs.items():
+        if "base" not in by_method:
+            continue
+        base = by_method["base"]
+        num_problems = len(next(iter(base.values()))["greedy_correct"])
+        groups = template_groups(num_problems)
+        found[model] = {}
+        for method, by_run in by_method.items():
+            if method == "base":
+                continue
+            keys = sorted(by_run)
+            differences = run_correctness(by_run, keys) - run_correctness(base, keys)
+            found[model][method] = {group: bootstrap(differences[:, kept], draws) for group, kept in groups.items()}
+    return found

@@ -116,11 +116,31 @@ def test_the_lab_writes_results_plots_and_a_report(tmp_path):
     assert "What the toy can and cannot test" in report
 
 
-def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys):
-    output_dir = tmp_path / "rubric_lab"
+@pytest.mark.parametrize("report", ["rubric_lab", "rubric_lab_methods"])
+def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys, report):
+    output_dir = tmp_path / report
     output_dir.mkdir()
-    (output_dir / "results.json").write_bytes((REPO / "docs" / "rubric_lab" / "results.json").read_bytes())
+    (output_dir / "results.json").write_bytes((REPO / "docs" / report / "results.json").read_bytes())
     main(["--report", "--output_dir", str(output_dir)])
-    assert (tmp_path / "rubric_lab.md").read_text() == (REPO / "docs" / "rubric_lab.md").read_text()
+    assert (tmp_path / f"{report}.md").read_text() == (REPO / "docs" / f"{report}.md").read_text()
     assert (output_dir / "headline.png").stat().st_size > 0
     assert f"wrote {output_dir / 'headline.png'}" in capsys.readouterr().out
+
+
+def test_the_template_split_finds_a_gain_on_hard_templates_and_a_loss_on_easy_ones():
+    from experiments.rubric_lab.stats import template_differences, template_groups
+
+    hard = template_groups(200)["hard"]
+    assert 0.3 < hard.mean() < 0.7  # both groups are there
+    base = np.zeros(200)
+    method = np.where(hard, 1.0, 0.0)  # right on every hard problem
+    method[np.flatnonzero(~hard)[:10]] = -1.0  # pretend a loss on ten easy ones
+    runs = {
+        "joint": {
+            "base": {"0/0": {"greedy_correct": base.tolist()}},
+            "static": {"0/0": {"greedy_correct": method.tolist()}},
+        }
+    }
+    found = template_differences(runs, draws=200)["joint"]["static"]
+    assert found["hard"]["mean"] == pytest.approx(1.0)
+    assert found["easy"]["mean"] == pytest.approx(-10 / (~hard).sum())
