@@ -112,10 +112,10 @@ def build_population(
     else:
         master = MasterWeights(parameters, args.sigma, share_float32=share)
     master.optimizer = DirectionOptimizer(direction_optimizer_settings(args))
-    if resumed is not None and resumed.lossy_masters:
-        master.load_state_dict({**master.state_dict(), **resumed.lossy_masters})
     if resumed is not None:
-        resumed.restore_optimizer(master)
+        if resumed.lossy_masters:
+            master.load_state_dict({**master.state_dict(), **resumed.lossy_masters})
+        master.restore_optimizer(resumed.optimizer_state, resumed.metadata)
 
     if vllm_mode is None and lowrank:
         backend = HFLowRankBackend(

@@ -197,9 +197,7 @@ class ESWorkerExtension:
         master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))
         if resumed is not None:
             metadata = json.loads((resumed / ES_STATE_DIR / META_FILE).read_text())
-            shapes = {name: tensor.shape for name, tensor in master.tensors.items()}
-            optimizer_state = {name: t.to(device) for name, t in load_optimizer_state(resumed).items()}
-            master.optimizer.load_state_dict(optimizer_state, metadata, shapes)
+            master.restore_optimizer(load_optimizer_state(resumed), metadata)
         state = {"run_id": run_id, "master": master, "frozen": frozen, "load": 0, "last_call": time.monotonic()}
         self._es_state = state
         load = self._es_write(state, master.tensors.items(), "the centre")

@@ -21,6 +21,8 @@ import torch
 from .guards import check_finite_tensors
 
 ES_OPTIMIZERS = ("sgd", "momentum", "adam")
+# The state each optimizer keeps per evolving tensor, saved as "<tensor name>.<suffix>"
+STATE_SUFFIXES = {"sgd": (), "momentum": ("momentum",), "adam": ("exp_avg", "exp_avg_sq")}
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,6 @@ class DirectionOptimizer:
         self.settings = settings
         self.updates = 0  # updates begun, Adam's t
         self.state: dict[str, torch.Tensor] = {}  # "<tensor>.momentum" / ".exp_avg" / ".exp_avg_sq", float32
-
-    @property
-    def is_plain(self) -> bool:
-        """Whether the step is the direction itself (no state)."""
-        return self.settings.name == "sgd"
 
     def begin_update(self) -> None:
         self.updates += 1
@@ -109,8 +106,10 @@ class DirectionOptimizer:
                 f"es_optimizer={self.settings.name!r}: its optimizer state does not apply. Resume with "
                 f"es_optimizer={saved!r}, or start a new run from the checkpoint's weights."
             )
-        expected = {key: shapes[key.rpartition(".")[0]] for key in self.expected_keys(shapes)}
-        if set(tensors) != set(expected) and (tensors or self.updates_of(metadata)):
+        updates = int(metadata.get("es_optimizer_updates", 0))
+        suffixes = STATE_SUFFIXES[self.settings.name]
+        expected = {f"{name}.{suffix}": shape for name, shape in shapes.items() for suffix in suffixes}
+        if set(tensors) != set(expected) and (tensors or updates):
             missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
             raise ValueError(
                 f"The checkpoint's es_optimizer state does not match the model: missing {missing[:5]}, unexpected "
@@ -124,12 +123,4 @@ class DirectionOptimizer:
                 )
         check_finite_tensors(tensors, "The saved es_optimizer state")
         self.state = {key: tensor.clone() for key, tensor in tensors.items()}
-        self.updates = self.updates_of(metadata)
-
-    def expected_keys(self, shapes: dict[str, torch.Size]) -> list[str]:
-        suffixes = {"sgd": (), "momentum": ("momentum",), "adam": ("exp_avg", "exp_avg_sq")}[self.settings.name]
-        return [f"{name}.{suffix}" for name in shapes for suffix in suffixes]
-
-    @staticmethod
-    def updates_of(metadata: dict) -> int:
-        return int(metadata.get("es_optimizer_updates", 0))
+        self.updates = updates

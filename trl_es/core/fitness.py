@@ -102,10 +102,8 @@ def objective_rewards(
     rewards: the rewards themselves, or with `pass_k` each prompt's Pass@k (`pass_at_k_rewards`); with
     `normalize_prompts`, standardised prompt by prompt over the population (`prompt_normalized`)."""
     if pass_k is not None:
-        completion_rewards, num_generations = (
-            pass_at_k_rewards(completion_rewards, num_generations, pass_k, success_threshold),
-            1,
-        )
+        completion_rewards = pass_at_k_rewards(completion_rewards, num_generations, pass_k, success_threshold)
+        num_generations = 1  # one value per prompt now
     if normalize_prompts:
         completion_rewards = prompt_normalized(completion_rewards, num_generations)
     return completion_rewards

@@ -104,6 +104,13 @@ class MasterWeights:
             base += float(ref.double().pow(2).sum())
         return math.sqrt(diff / base) if base > 0 else 0.0
 
+    def restore_optimizer(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+        """Continue a checkpoint's `es_optimizer` state (its tensors and `es_state.json`), checked against the
+        tensors this master updates, and moved to their device (a checkpoint is read onto the CPU)."""
+        shapes = {name: master.shape for name, master in self.tensors.items() if not self.is_frozen(name)}
+        device = next(iter(self.tensors.values())).device
+        self.optimizer.load_state_dict({name: t.to(device) for name, t in tensors.items()}, metadata, shapes)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.tensors
 

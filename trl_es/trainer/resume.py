@@ -94,11 +94,6 @@ class ResumedRun:
     optimizer_state: dict[str, torch.Tensor]
     metadata: dict  # es_state.json: the run settings, and the optimizer's number of updates
 
-    def restore_optimizer(self, master) -> None:
-        """Continue the checkpoint's `es_optimizer` state in `master.optimizer` (checked against the master)."""
-        shapes = {name: tensor.shape for name, tensor in master.tensors.items() if not master.is_frozen(name)}
-        master.optimizer.load_state_dict(self.optimizer_state, self.metadata, shapes)
-
     @classmethod
     def load(cls, checkpoint: str, parameters: dict[str, torch.nn.Parameter], args, reward_names: list[str]):
         """Read and check `checkpoint`'s ES state against the model's evolving `parameters`, warning about every run
