@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.rubric_lab.settings import METHODS
+from trl_es.evaluation.intervals import bootstrap_interval
 
 # A difference counts when its mean exceeds this many standard errors (the issue's goal)
 STANDARD_ERRORS = 2
@@ -25,14 +26,9 @@ def run_correctness(by_run: dict[str, dict], keys: list[str]) -> np.ndarray:
 
 
 def bootstrap(values: np.ndarray, draws: int, seed: int = 0) -> dict:
-    """Mean, standard error and 95% interval of `values` (`(runs, problems)`) under the two-level bootstrap."""
-    rng = np.random.default_rng(seed)
-    runs, problems = values.shape
-    picked_runs = rng.integers(runs, size=(draws, runs))
-    picked_problems = rng.integers(problems, size=(draws, 1, problems))
-    means = np.take_along_axis(values[picked_runs], picked_problems, axis=2).mean(axis=(1, 2))
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"mean": float(values.mean()), "se": float(means.std(ddof=1)), "ci": [float(low), float(high)]}
+    """Mean, standard error and 95% interval of `values` (`(runs, problems)`) under the two-level bootstrap (the
+    library's, `trl_es.evaluation.intervals`, which `trl-es analyze compare` uses too)."""
+    return bootstrap_interval(values, draws, seed).as_dict()
 
 
 def accuracy_interval(by_run: dict[str, dict], draws: int) -> dict:
