@@ -276,12 +276,26 @@ def test_weights_changed_inside_the_engine_without_a_control_call_are_caught(tin
 
     worker, names = standin_worker(tiny_model_path)
     load = worker.es_init("run", names, "float32", "0.05")["result"]["load"]
-    load = worker.es_load_member("run", load, "7", "1")["result"]
+    load = worker.es_load_member("run", load, "7", "1", "0.05")["result"]
     assert worker.es_verify("run", load) == {"result": None}
     original = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     worker.model_runner.model.hf.load_state_dict(original)  # an engine-side reset to the checkpoint's weights
     refusal = worker.es_verify("run", load)
     assert refusal["error"] == "weights_changed" and "without any control call" in refusal["message"]
+
+
+def test_the_worker_loads_each_member_at_the_sigma_the_trainer_sends(tiny_model_path):
+    """A sigma schedule or the adaptive sigma changes sigma between steps: `es_load_member` carries the step's, and
+    the engine holds `master + sign * sigma * eps` at that sigma, not at the one `es_init` was given."""
+    from trl_es.core.noise import parameter_noise
+
+    worker, names = standin_worker(tiny_model_path)
+    load = worker.es_init("run", names, "float32", "0.05")["result"]["load"]
+    centre = {name: tensor.clone() for name, tensor in worker.model_runner.model.hf.named_parameters()}
+    worker.es_load_member("run", load, "7", "-1", "0.2")
+    for name, tensor in worker.model_runner.model.hf.named_parameters():
+        expected = centre[name] - 0.2 * parameter_noise(7, name, tensor.shape)
+        assert torch.allclose(tensor, expected, atol=1e-6), name
 
 
 def test_resume_reads_checkpoints_only_under_the_servers_checkpoint_dir(tmp_path, tiny_model_path, server_port,

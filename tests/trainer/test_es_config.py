@@ -31,6 +31,10 @@ def test_es_fields_have_help_and_docstring_entries():
         "fitness_shaping",
         "normalize_fitness_per_prompt",
         "fitness_pass_at_k",
+        "sigma_schedule",
+        "sigma_final",
+        "sigma_target_js_diversity",
+        "sigma_adaptation_rate",
         "learning_rate",
     ):
         spec = ESConfig.__dataclass_fields__[name]
@@ -55,6 +59,12 @@ def test_grpo_only_fields_exist_in_grpo_config():
         ({"num_generations": 0}, "num_generations must be >= 1, got 0"),
         ({"fitness_pass_at_k": 0}, "fitness_pass_at_k must be an integer >= 1 or None, got 0"),
         ({"fitness_pass_at_k": 4, "num_generations": 2, "temperature": 1.0}, "Set num_generations >= 4"),
+        ({"sigma_schedule": "step"}, "Unknown sigma_schedule='step'; use one of constant, linear, cosine"),
+        ({"sigma_schedule": "linear"}, "sigma_final must be a finite number > 0, got None. E.g. sigma_final=0.00025"),
+        ({"sigma_schedule": "cosine", "sigma_final": -1.0}, "sigma_final must be a finite number > 0, got -1.0"),
+        ({"sigma_target_js_diversity": 1.5}, r"sigma_target_js_diversity must lie in \(0, 1\] .*got 1.5"),
+        ({"sigma_target_js_diversity": 0.1, "sigma_schedule": "linear", "sigma_final": 1e-4}, "use one"),
+        ({"sigma_target_js_diversity": 0.1, "sigma_adaptation_rate": 0.0}, "sigma_adaptation_rate must be .* got 0.0"),
         # Values that made the master non-finite, or that transformers and numpy refused only at train time (issue 16)
         ({"weight_decay": float("nan")}, "weight_decay must be a finite number >= 0, got nan"),
         ({"weight_decay": -0.1}, "weight_decay must be a finite number >= 0, got -0.1"),

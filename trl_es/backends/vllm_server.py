@@ -193,7 +193,8 @@ class VLLMServerBackend(OneMemberAtATime):
             )
 
     def load_member(self, member: Member) -> None:
-        [self.load] = set(self._control("es_load_member", self.run_id, self.load, member.seed, member.sign))
+        sigma = repr(float(self.master.sigma))  # this step's: the server's master follows the trainer's
+        [self.load] = set(self._control("es_load_member", self.run_id, self.load, member.seed, member.sign, sigma))
         self.weights_tag = uuid.uuid4().hex
 
     def load_center(self) -> None:

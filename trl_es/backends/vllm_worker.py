@@ -209,12 +209,13 @@ class ESWorkerExtension:
         }
 
     @control_call
-    def es_load_member(self, run_id: str, expected_load: str, seed: str, sign: str) -> str:
-        """Check that no other load followed load `expected_load`, then load member `(seed, sign)`; returns its load
-        number."""
+    def es_load_member(self, run_id: str, expected_load: str, seed: str, sign: str, sigma: str) -> str:
+        """Check that no other load followed load `expected_load`, then load member `(seed, sign)` at noise scale
+        `sigma` (the trainer's for this step: a schedule or the adaptive sigma changes it); returns its load number."""
         state = self._es_run(run_id)
         self._es_check_unchanged(state, expected_load, fingerprint=False)  # `es_verify` checked it after generating
         member = Member(int(seed), int(sign))
+        state["master"].sigma = float(sigma)
         return self._es_write(state, state["master"].perturbed(member), f"member (seed {seed}, sign {sign})")
 
     @control_call

@@ -19,6 +19,7 @@ from ..core.fitness import FITNESS_SHAPINGS
 from ..core.guards import FLOAT32_MAX, is_float32_finite
 from ..core.kl_anchor import check_beta
 from ..core.lowrank import OTHER_PARAMETERS
+from ..core.sigma_schedule import SIGMA_SCHEDULES
 from .grpo_conversion import grpo_loss_settings
 
 PERTURBATIONS = ("full", "lowrank")
@@ -80,6 +81,7 @@ def _check_es_fields(config) -> None:
         )
     if not (isinstance(config.sigma, (int, float)) and math.isfinite(config.sigma) and config.sigma > 0):
         raise ValueError(f"sigma must be a finite number > 0, got {config.sigma!r}. The anchor paper uses 1e-3.")
+    _check_sigma_changes(config)
     if config.fitness_shaping not in FITNESS_SHAPINGS:
         raise ValueError(
             f"Unknown fitness_shaping={config.fitness_shaping!r}; use one of {', '.join(FITNESS_SHAPINGS)}."
@@ -106,6 +108,38 @@ def _check_es_fields(config) -> None:
         raise ValueError(
             f"consistency_check_steps must be >= 0 (0 disables the check), got {config.consistency_check_steps!r}."
         )
+
+
+def _check_sigma_changes(config) -> None:
+    """sigma_schedule and its final value, or the adaptive sigma's target and rate (one or the other)."""
+    schedule, final = config.sigma_schedule, config.sigma_final
+    if schedule not in SIGMA_SCHEDULES:
+        raise ValueError(f"Unknown sigma_schedule={schedule!r}; use one of {', '.join(SIGMA_SCHEDULES)}.")
+    if schedule != "constant" and not (_positive_finite(final) and is_float32_finite(final)):
+        raise ValueError(
+            f"sigma_schedule={schedule!r} moves sigma to sigma_final at the last step; sigma_final must be a finite "
+            f"number > 0, got {final!r}. E.g. sigma_final={config.sigma / 4:g} for a quarter of sigma."
+        )
+    target = config.sigma_target_js_diversity
+    if target is None:
+        return
+    if not (_positive_finite(target) and target <= 1):
+        raise ValueError(
+            f"sigma_target_js_diversity must lie in (0, 1] (JS diversity is in bits), got {target!r}; e.g. 0.1."
+        )
+    if schedule != "constant":
+        raise ValueError(
+            f"sigma_target_js_diversity={target} adapts sigma and sigma_schedule={schedule!r} schedules it: use one. "
+            "Set sigma_schedule='constant' to adapt, or sigma_target_js_diversity=None to schedule."
+        )
+    if not _positive_finite(config.sigma_adaptation_rate):
+        raise ValueError(
+            f"sigma_adaptation_rate must be a finite number > 0, got {config.sigma_adaptation_rate!r}; e.g. 0.1."
+        )
+
+
+def _positive_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _check_numbers_the_update_uses(config) -> None:

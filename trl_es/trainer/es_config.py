@@ -12,6 +12,7 @@ from ..compat.trl import one_completion_per_prompt_accepted
 from ..core.direction_optimizer import ES_OPTIMIZERS
 from ..core.fitness import FITNESS_SHAPINGS
 from ..core.lowrank import OTHER_PARAMETERS
+from ..core.sigma_schedule import SIGMA_SCHEDULES
 from .config_checks import PERTURBATIONS, check_after_grpo, check_before_grpo, import_function
 from .grpo_conversion import es_overrides_of
 
@@ -40,7 +41,20 @@ class ESConfig(GRPOConfig):
             Number of perturbed members evaluated per ES step (N). Smaller populations suffice for larger models
             (N=16 is within 0.01 reward of N=64 at 1.5B/3B parameters, arXiv 2608.27351).
         sigma (`float`, *optional*, defaults to `1e-3`):
-            Standard deviation of the Gaussian parameter noise.
+            Standard deviation of the Gaussian parameter noise (its value at the first step, when it changes).
+        sigma_schedule (`str`, *optional*, defaults to `"constant"`):
+            How sigma moves over the run: `"constant"`, or from `sigma` at the first step to `sigma_final` at the last
+            (`max_steps`), `"linear"`ly or along a half `"cosine"`. The update folds the estimate's `1/sigma` into
+            `learning_rate`, so a schedule changes which members are compared, not the step's size.
+        sigma_final (`float`, *optional*):
+            Sigma at the last step of a `"linear"` or `"cosine"` `sigma_schedule`.
+        sigma_target_js_diversity (`float`, *optional*):
+            Adapt sigma to hold the population's JS diversity (`es/js_diversity`, in bits, in (0, 1]) near this
+            target: after each step sigma is multiplied by `exp(sigma_adaptation_rate * e)`, with `e` the relative
+            shortfall `(target - measured) / target` clipped to [-1, 1], and kept within a factor 10 of `sigma`. The
+            paper ties JS diversity to Pass@K. The current sigma is logged as `es/sigma` and saved in checkpoints.
+        sigma_adaptation_rate (`float`, *optional*, defaults to `0.1`):
+            Largest change of log(sigma) per step with `sigma_target_js_diversity`.
         antithetic (`bool`, *optional*, defaults to `False`):
             Use mirrored pairs `(+eps, -eps)` (two-point estimator). Requires an even `population_size`. The source
             paper found no advantage over the one-point estimator on generated answers.
@@ -157,6 +171,25 @@ class ESConfig(GRPOConfig):
     sigma: float = field(
         default=1e-3,
         metadata={"help": "Standard deviation of the Gaussian parameter noise."},
+    )
+    sigma_schedule: str = field(
+        default="constant",
+        metadata={
+            "help": "How sigma moves from `sigma` (first step) to `sigma_final` (last step).",
+            "choices": list(SIGMA_SCHEDULES),
+        },
+    )
+    sigma_final: float | None = field(
+        default=None,
+        metadata={"help": "Sigma at the last step of a linear or cosine sigma_schedule."},
+    )
+    sigma_target_js_diversity: float | None = field(
+        default=None,
+        metadata={"help": "Adapt sigma after each step to hold es/js_diversity (bits, in (0, 1]) near this target."},
+    )
+    sigma_adaptation_rate: float = field(
+        default=0.1,
+        metadata={"help": "Largest change of log(sigma) per step with sigma_target_js_diversity."},
     )
     antithetic: bool = field(
         default=False,

@@ -62,6 +62,7 @@ from .es_config import ESConfig
 from .grpo_conversion import neutral_grpo_loss_values
 from .inputs import as_es_config, check_datasets, check_model_fits_backend, refuse_agent_features
 from .kl_probe import KLProbe
+from .noise_scale import NoiseScale
 from .reward_checks import checked_reward_function
 from .rollouts import tokenize_prompts, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
@@ -200,6 +201,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         self._micro_step = 0
         self._losses = step_logging.LossLog()
         self._counters = StepCounters()
+        self._noise_scale = NoiseScale(args)
         # A wrong return type is an error naming the function; None and NaN rewards are counted to report which.
         self._unscored = Counter()
         self.reward_funcs = [
@@ -291,6 +293,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         Returns the members' fitness, or None for a step that no reward function scored (no update)."""
         args, step, timer = self.args, self.state.global_step, PhaseTimer()
         population = self.population
+        population.master.sigma = self._noise_scale.of_step(step, self.state.max_steps)  # members are drawn with it
+        logged_metrics(self, "train")["es/sigma"].append(population.master.sigma)
         members = population_members(args.member_noise_seed, step, args.population_size, args.antithetic)
         prompts = [example["prompt"] for example in inputs]
         prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
@@ -340,11 +344,15 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 lr=self.lr_scheduler.get_last_lr()[0],
                 weight_decay=args.weight_decay,
             )
+        js_diversity = self._noise_scale.js_diversity(completion_rewards)
+        self._noise_scale.observe(js_diversity)
         if self._consistency_check_due():
             check_ranks_agree(self.accelerator, population.master, step=step + 1)
             population.backend.check_consistency(step=step + 1)
 
-        self._log_step(scores, completion_rewards, fitness, update_norm, timer, prompt_ids, completion_ids)
+        self._log_step(
+            scores, completion_rewards, fitness, update_norm, timer, prompt_ids, completion_ids, js_diversity
+        )
         step_logging.log_best_member(
             completion_table(self), self.accelerator, self.reward_func_names, prompts, scores, shaped
         )
@@ -389,9 +397,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Logging
 
-    def _log_step(self, scores, completion_rewards, fitness, update_norm, timer, prompt_ids, completion_ids) -> None:
+    def _log_step(
+        self, scores, completion_rewards, fitness, update_norm, timer, prompt_ids, completion_ids, js_diversity=None
+    ) -> None:
         metrics = logged_metrics(self, "train")
-        args = self.args
         step_logging.log_step(
             metrics,
             self.reward_func_names,
@@ -401,8 +410,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             update_norm,
             timer,
             self._counters,
-            args.num_generations,
-            args.success_reward_threshold,
+            js_diversity,
         )
         step_logging.log_completion_lengths(
             self.accelerator, self.state, metrics, self.tokens.end_ids, prompt_ids, completion_ids, training=True
@@ -461,6 +469,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         self._population = self._reference = self._resumed = self._kl_probe = None
         self._micro_step = 0
         self._counters = StepCounters()
+        self._noise_scale = NoiseScale(self.args)
         self._losses = step_logging.LossLog()
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         best = self.state.best_model_checkpoint
@@ -488,6 +497,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         checkpoint with a Trainer state always has its ES state."""
         if self.args.should_save and self._population is not None:
             metadata = resume.run_metadata(self.state.global_step, self._counters, self.reward_func_names, self.args)
+            metadata |= self._noise_scale.state()
             resume.save_run_state(output_dir, self._population, self._reference, metadata)
 
     def load_extra_state(self, checkpoint: str) -> None:
@@ -496,6 +506,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         self._resumed = resumed  # a vLLM server rebuilds its master from the same files
         self._reference = StartingWeights.write(resumed.reference) if self.args.should_save else None
         self._counters = resumed.counters
+        self._noise_scale = NoiseScale.resumed(self.args, resumed.metadata)
 
     def _evolving_parameters(self) -> dict[str, torch.nn.Parameter]:
         return evolving_parameters(self.accelerator.unwrap_model(self.model))

@@ -11,6 +11,7 @@ from __future__ import annotations
 RUN_SETTINGS = (
     "population_size",
     "sigma",
+    "sigma_schedule",
     "antithetic",
     "fitness_shaping",
     "normalize_fitness_per_prompt",
@@ -46,6 +47,8 @@ RUN_SETTINGS = (
 )
 LOWRANK_RUN_SETTINGS = ("lowrank_rank", "lowrank_other_parameters")
 KL_ANCHOR_RUN_SETTINGS = ("kl_anchor_probe_size",)
+SIGMA_SCHEDULE_RUN_SETTINGS = ("sigma_final",)
+ADAPTIVE_SIGMA_RUN_SETTINGS = ("sigma_target_js_diversity", "sigma_adaptation_rate")
 OPTIMIZER_RUN_SETTINGS = {
     "sgd": (),
     "momentum": ("es_momentum",),
@@ -60,10 +63,13 @@ _CARD_ONLY_SETTINGS = ("model_init_kwargs",)
 
 def run_setting_names(args) -> tuple[str, ...]:
     """`RUN_SETTINGS`, and the low-rank ones for a low-rank run, the anchor's probe for an anchored one, the
-    optimizer's constants for its optimizer."""
+    optimizer's constants for its optimizer, the sigma schedule's end or the adaptive sigma's target where used."""
     lowrank = LOWRANK_RUN_SETTINGS if args.perturbation == "lowrank" else ()
     anchor = KL_ANCHOR_RUN_SETTINGS if args.kl_anchor_beta else ()
-    return RUN_SETTINGS + lowrank + anchor + OPTIMIZER_RUN_SETTINGS.get(args.es_optimizer, ())
+    schedule = SIGMA_SCHEDULE_RUN_SETTINGS if args.sigma_schedule != "constant" else ()
+    adaptive = ADAPTIVE_SIGMA_RUN_SETTINGS if args.sigma_target_js_diversity is not None else ()
+    optimizer = OPTIMIZER_RUN_SETTINGS.get(args.es_optimizer, ())
+    return RUN_SETTINGS + schedule + adaptive + lowrank + anchor + optimizer
 
 
 def card_setting_names(args) -> tuple[str, ...]:

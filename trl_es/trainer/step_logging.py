@@ -10,7 +10,6 @@ from trl.trainer.utils import nanstd
 
 from ..backends.base import PhaseTimer
 from ..core.distributed import from_process
-from ..evaluation.metrics import population_diversity
 from .divergence import StepCounters
 from .rollouts import completion_metrics
 from .scoring import MemberScores
@@ -53,8 +52,7 @@ def log_step(
     update_norm: float,
     timer: PhaseTimer,
     counters: StepCounters,
-    num_generations: int,
-    success_threshold: float,
+    js_diversity: float | None,
 ) -> None:
     """The step's metrics; `fitness` is None for a step without one (its reward metrics are then NaN, which GRPO's
     `log` leaves out of its averages)."""
@@ -70,8 +68,8 @@ def log_step(
     metrics["es/fitness/std"].append(fitness.std(unbiased=False).item())
     metrics["es/fitness/min"].append(fitness.min().item())
     metrics["es/fitness/max"].append(fitness.max().item())
-    if num_generations > 1:
-        metrics["es/js_diversity"].append(population_diversity(completion_rewards, num_generations, success_threshold))
+    if js_diversity is not None:
+        metrics["es/js_diversity"].append(js_diversity)
 
 
 def log_completion_lengths(
