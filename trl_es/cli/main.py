@@ -38,7 +38,18 @@ def _analyze_shift(args: argparse.Namespace) -> int:
 
 
 def _evaluation_settings(args: argparse.Namespace) -> dict:
-    return {"ks": args.ks, "samples_per_prompt": args.samples_per_prompt, "temperature": args.temperature}
+    """The keyword arguments of `evaluate_checkpoint` that the flags set."""
+    vllm_kwargs = {"dtype": args.vllm_dtype, "gpu_memory_utilization": args.vllm_gpu_memory_utilization}
+    if args.vllm_max_model_len is not None:
+        vllm_kwargs["max_model_len"] = args.vllm_max_model_len
+    return {
+        "ks": args.ks,
+        "samples_per_prompt": args.samples_per_prompt,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "backend": args.backend,
+        **({"vllm_kwargs": vllm_kwargs} if args.backend == "vllm" else {}),
+    }
 
 
 def _load_eval_datasets(args: argparse.Namespace, specs: list[str]) -> list:
@@ -48,24 +59,40 @@ def _load_eval_datasets(args: argparse.Namespace, specs: list[str]) -> list:
 
 
 def _analyze_sparsify(args: argparse.Namespace) -> int:
-    from ..evaluation.analysis import compare_checkpoints, format_comparison, sparsify
+    from ..evaluation.analysis import sparsify
 
     paths = sparsify(args.base, args.tuned, args.percent, args.output_dir)
     for percent, path in zip(args.percent, paths, strict=True):
         print(f"{percent:g}% of the smallest |Δθ| reset to the base: {path}")
     if args.evaluate:
-        datasets = _load_eval_datasets(args, args.evaluate)
-        reports = compare_checkpoints([args.base, args.tuned, *paths], datasets, **_evaluation_settings(args))
-        print(format_comparison(reports))
+        _analyze_evaluate(args, [args.base, args.tuned, *paths], args.evaluate)
     return 0
 
 
+def _analyze_evaluate(args: argparse.Namespace, checkpoints: list, specs: list[str]) -> dict:
+    """Evaluate `checkpoints` on the datasets `specs`, print the table with intervals, and write `--json`."""
+    import json
+
+    from ..evaluation.analysis import compare_checkpoints, comparison_json, comparison_statistics, format_comparison
+
+    settings = _evaluation_settings(args)
+    reports = compare_checkpoints(checkpoints, _load_eval_datasets(args, specs), **settings)
+    statistics = comparison_statistics(reports, draws=args.bootstrap_draws, seed=args.bootstrap_seed)
+    print(format_comparison(reports, statistics))
+    if args.json:
+        settings = {**settings, "bootstrap_draws": args.bootstrap_draws, "bootstrap_seed": args.bootstrap_seed}
+        written = comparison_json(reports, statistics, {**settings, "datasets": specs, "checkpoints": checkpoints})
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(written, indent=2) + "\n")
+        print(f"Intervals, paired tests and per-problem values: {args.json}")
+    return reports
+
+
 def _analyze_compare(args: argparse.Namespace) -> int:
-    from ..evaluation.analysis import checkpoint_labels, compare_checkpoints, format_comparison
+    from ..evaluation.analysis import checkpoint_labels
 
     checkpoints = [args.base, *args.tuned]
-    reports = compare_checkpoints(checkpoints, _load_eval_datasets(args, args.dataset), **_evaluation_settings(args))
-    print(format_comparison(reports))
+    reports = _analyze_evaluate(args, checkpoints, args.dataset)
     if args.plot:
         from ..evaluation.plots import plot_pass_at_k
 
@@ -94,6 +121,10 @@ def _analyze_curves(args: argparse.Namespace) -> int:
 
 
 def _add_analyze_parser(commands) -> None:
+    from ..evaluation.analysis import BACKENDS
+    from ..evaluation.benchmarks import BENCHMARKS
+    from ..evaluation.intervals import DRAWS
+
     analyze = commands.add_parser(
         "analyze", help="Parameter shift, sparsification, forgetting (Pass@k / Maj@k) and training curves."
     )
@@ -108,7 +139,35 @@ def _add_analyze_parser(commands) -> None:
     evaluation.add_argument(
         "--max_new_tokens", type=int, default=None, help="Tokens per completion (default: the dataset's)."
     )
-    datasets_help = "`arithmetic`, or a local dataset folder / JSON file with `prompt` and `answer` (or `solution`)."
+    evaluation.add_argument(
+        "--seed", type=int, default=1234, help="Sampling seed, one for every checkpoint (the paired test needs it)."
+    )
+    evaluation.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="hf",
+        help="Generate with `model.generate` (hf) or an in-process vLLM engine of each checkpoint (vllm).",
+    )
+    evaluation.add_argument("--vllm_dtype", default="auto", help="With --backend vllm: the engine's dtype.")
+    evaluation.add_argument(
+        "--vllm_gpu_memory_utilization", type=float, default=0.9, help="With --backend vllm: GPU memory share."
+    )
+    evaluation.add_argument(
+        "--vllm_max_model_len", type=int, default=None, help="With --backend vllm: context length (default: model's)."
+    )
+    evaluation.add_argument(
+        "--bootstrap_draws", type=int, default=DRAWS, help="Bootstrap draws and sign-flip patterns of the intervals."
+    )
+    evaluation.add_argument("--bootstrap_seed", type=int, default=0, help="Seed of the bootstrap and sign flips.")
+    evaluation.add_argument(
+        "--json", default=None, help="Write the intervals, paired tests and per-problem values to this JSON file."
+    )
+    datasets_help = (
+        "`arithmetic`; a math benchmark as NAME:PATH, NAME one of "
+        f"{', '.join(BENCHMARKS)} and PATH its local JSONL/JSON/parquet file in the public format (e.g. "
+        "math500:test.jsonl gsm8k:test.parquet); or a local dataset folder / JSON file with `prompt` and `answer` "
+        "(or `solution`)."
+    )
 
     shift = tools.add_parser("shift", help="‖θ_tuned − θ_base‖ / ‖θ_base‖ overall and per module; |Δθ| histogram.")
     shift.add_argument("base", help="The base checkpoint (a Hugging Face model folder).")
@@ -128,7 +187,10 @@ def _add_analyze_parser(commands) -> None:
     sparsify.set_defaults(handler=_analyze_sparsify)
 
     compare = tools.add_parser(
-        "compare", parents=[evaluation], help="Forgetting: greedy accuracy, Pass@k and Maj@k of base and tuned."
+        "compare",
+        parents=[evaluation],
+        help="Forgetting: greedy accuracy, Pass@k and Maj@k of base and tuned, with bootstrap intervals and a paired "
+        "sign-flip test of each difference.",
     )
     compare.add_argument("base", help="The base checkpoint.")
     compare.add_argument("tuned", nargs="+", help="Tuned checkpoints, compared with the base.")

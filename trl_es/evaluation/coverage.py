@@ -8,6 +8,8 @@ A *judge* turns one prompt's completions into correctness (and, where it extract
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,7 +25,9 @@ from .metrics import maj_at_k, pass_at_k
 @dataclass
 class CoverageReport:
     """Mean over prompts of each measurement; `pass_at_k[k]` and `maj_at_k[k]` for every k asked for (`maj_at_k` is
-    empty when the judge extracts no answers)."""
+    empty when the judge extracts no answers). The per-prompt values behind each mean (`greedy_correct`,
+    `pass_at_k_per_prompt`, `maj_at_k_per_prompt`) are what bootstrap intervals and paired tests resample
+    (`trl_es.evaluation.intervals`); `seed` and `problems_digest` say what the measurement can be paired with."""
 
     greedy_accuracy: float
     pass_at_k: dict[int, float] = field(default_factory=dict)
@@ -32,6 +36,11 @@ class CoverageReport:
     success_probs: list[float] = field(default_factory=list)  # per prompt: the fraction of correct samples
     num_prompts: int = 0
     samples_per_prompt: int = 0
+    greedy_correct: list[float] = field(default_factory=list)  # per prompt: 1.0 when the greedy completion is correct
+    pass_at_k_per_prompt: dict[int, list[float]] = field(default_factory=dict)
+    maj_at_k_per_prompt: dict[int, list[float]] = field(default_factory=dict)
+    seed: int | None = None  # the sampling seed
+    problems_digest: str | None = None  # of the prompts and references, in order (`problems_digest`)
 
     def as_dict(self) -> dict[str, float]:
         """Flat metric names, as logged: `greedy_accuracy`, `pass@k`, `maj@k`, `entropy`."""
@@ -41,6 +50,20 @@ class CoverageReport:
             **{f"maj@{k}": value for k, value in self.maj_at_k.items()},
             "entropy": self.token_entropy,
         }
+
+    def per_prompt(self) -> dict[str, list[float]]:
+        """The per-prompt values of every metric of `as_dict` but the entropy (a mean over tokens, not prompts)."""
+        return {
+            "greedy_accuracy": self.greedy_correct,
+            **{f"pass@{k}": values for k, values in self.pass_at_k_per_prompt.items()},
+            **{f"maj@{k}": values for k, values in self.maj_at_k_per_prompt.items()},
+        }
+
+
+def problems_digest(prompts: Sequence, references: Sequence) -> str:
+    """A SHA-256 of the prompts (text or conversations) and references, in order: equal digests, same problems."""
+    encoded = json.dumps([list(prompts), [str(reference) for reference in references]], sort_keys=True)
+    return hashlib.sha256(encoded.encode()).hexdigest()
 
 
 @dataclass
@@ -197,16 +220,21 @@ def summarize(outcomes: Sequence[PromptOutcome], ks: Sequence[int]) -> CoverageR
     if max(ks) > samples:
         raise ValueError(f"ks={list(ks)} but {samples} samples per prompt: sample at least max(ks) times.")
     counts = [sum(outcome.correct) for outcome in outcomes]
+    greedy_correct = [float(outcome.greedy_correct) for outcome in outcomes]
+    per_prompt_pass = {k: [pass_at_k(samples, c, k) for c in counts] for k in ks}
     report = CoverageReport(
-        greedy_accuracy=sum(outcome.greedy_correct for outcome in outcomes) / n,
-        pass_at_k={k: sum(pass_at_k(samples, c, k) for c in counts) / n for k in ks},
+        greedy_accuracy=sum(greedy_correct) / n,
+        pass_at_k={k: sum(values) / n for k, values in per_prompt_pass.items()},
         token_entropy=sum(o.entropy_sum for o in outcomes) / max(sum(o.token_count for o in outcomes), 1),
         success_probs=[c / samples for c in counts],
         num_prompts=n,
         samples_per_prompt=samples,
+        greedy_correct=greedy_correct,
+        pass_at_k_per_prompt=per_prompt_pass,
     )
     if all(outcome.answers is not None for outcome in outcomes):
-        report.maj_at_k = {k: sum(maj_at_k(o.answers, o.reference, k) for o in outcomes) / n for k in ks}
+        report.maj_at_k_per_prompt = {k: [maj_at_k(o.answers, o.reference, k) for o in outcomes] for k in ks}
+        report.maj_at_k = {k: sum(values) / n for k, values in report.maj_at_k_per_prompt.items()}
     return report
 
 
@@ -222,10 +250,12 @@ def coverage_report(
     max_new_tokens: int = 8,
     seed: int = 1234,
     sampler: Sampler | None = None,
+    judge: Judge | None = None,
 ) -> CoverageReport:
     """Greedy accuracy, and Pass@k and Maj@k over `samples_per_prompt` sampled completions of every prompt (text),
-    judged by comparing `extract_answer(completion)` with the reference. Samples with `model.generate` unless a
-    `sampler` is given."""
+    judged by comparing `extract_answer(completion)` with the reference, or by `judge` when one is given (e.g.
+    math-verify's, `trl_es.evaluation.benchmarks.math_verify_judge`). Samples with `model.generate` unless a `sampler`
+    is given."""
     if max(ks) > samples_per_prompt:
         raise ValueError(f"ks={list(ks)} but samples_per_prompt={samples_per_prompt}: sample at least max(ks) times.")
     prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
@@ -234,13 +264,15 @@ def coverage_report(
         model,
         tokenizer,
         prompt_ids,
-        answer_judge(references, extract_answer),
+        judge or answer_judge(references, extract_answer),
         samples_per_prompt,
         temperature,
         max_new_tokens,
         seed,
     )
-    return summarize(outcomes, ks)
+    report = summarize(outcomes, ks)
+    report.seed, report.problems_digest = seed, problems_digest(prompts, references)
+    return report
 
 
 @torch.no_grad()
