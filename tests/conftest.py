@@ -35,6 +35,7 @@ VLLM_ENGINE_MODULES = (
     "integration/test_vllm_grpo_coverage.py",
     "backends/test_vllm_lora.py",
     "evolm/test_vllm_phase_datasets.py",
+    "evaluation/test_vllm_benchmark_eval.py",
     "backends/test_vllm_server.py",
 )
 

@@ -296,13 +296,11 @@ def vllm_checkpoint_engine(checkpoint: str | Path, seed: int, **llm_kwargs) -> I
 
 @contextmanager
 def _checkpoint_sampler(checkpoint, model, tokenizer, backend: str, seed: int, vllm_kwargs: dict) -> Iterator[Sampler]:
-    if backend == "hf":
-        yield TransformersSampler(model, tokenizer)
-    elif backend == "vllm":
+    if backend == "vllm":
         with vllm_checkpoint_engine(checkpoint, seed, **vllm_kwargs) as llm:
             yield VLLMEngineSampler(llm)
     else:
-        raise ValueError(f"backend={backend!r}: use one of {', '.join(BACKENDS)}.")
+        yield TransformersSampler(model, tokenizer)
 
 
 def evaluate_checkpoint(
