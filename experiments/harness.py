@@ -198,6 +198,11 @@ def read_results(output_dir: Path) -> dict:
 # Reports: Markdown tables, links, plot axes
 
 
+def p_value(p: float) -> str:
+    """`p=0.012`, or `p<0.001` below what three decimals show."""
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], rule: str = "---") -> list[str]:
     """The lines of a Markdown table; `rule` is each column's cell in the line under the header."""
     return [

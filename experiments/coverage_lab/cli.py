@@ -11,7 +11,7 @@ from pathlib import Path
 import experiments.coverage_lab
 from experiments.coverage_lab.jobs import Job, run_job
 from experiments.coverage_lab.report import write_report
-from experiments.coverage_lab.settings import METHODS, WORKERS, LabSettings, quick_settings
+from experiments.coverage_lab.settings import EQUAL, METHODS, WORKERS, LabSettings, equal_seconds, quick_settings
 from experiments.coverage_lab.summary import summarize_runs
 from experiments.harness import (
     add_common_arguments,
@@ -53,6 +53,11 @@ def run_lab(
         sweep = run_jobs(run_job, sweep_jobs, workers, "lab", log)
         grpo_lr = max(sweep, key=lambda entry: entry["final_reward"])["learning_rate"]
         log(f"[lab] GRPO learning rate from the sweep: {grpo_lr:g}")
+    if settings.equal == "seconds":
+        calibration = Job("calibrate", settings.seeds[0], grpo_lr, str(work_dir), settings, threads)
+        [measured] = run_jobs(run_job, [calibration], 1, "lab", log)
+        settings = equal_seconds(settings, measured["seconds_per_step"])
+        log(f"[lab] CPU seconds per step {measured['seconds_per_step']}: {settings.es_steps} ES steps")
     jobs = [Job("base", work_dir=str(work_dir), settings=settings, threads=threads)]
     jobs += [
         Job(method, seed, grpo_lr, str(work_dir), settings, threads)
@@ -71,6 +76,10 @@ def run_lab(
         "settings": asdict(settings),
         "budget": settings.budget,
         "grpo_steps": settings.grpo_steps,
+        "completions": {
+            "es": settings.es_steps * settings.completions_per_es_step,
+            "grpo": settings.grpo_steps * settings.completions_per_grpo_step,
+        },
         "grpo_learning_rate": grpo_lr,
         "grpo_lr_sweep": [{k: v for k, v in entry.items() if k != "runtime_s"} for entry in sweep],
         "summary": summarize_runs(runs),
@@ -82,6 +91,19 @@ def run_lab(
     log(f"[lab] wrote {write_results(output_dir, results)}")
     write_report(output_dir, markdown, log)
     return results
+
+
+def es_variant_settings(name: str) -> dict:
+    """The LabSettings fields of ES ablation variant `name`: its ESConfig changes (the lab keeps its own prompts per
+    step and budget)."""
+    from experiments.es_ablation.settings import VARIANTS
+
+    if name not in VARIANTS:
+        raise SystemExit(f"--es_variant {name!r} is not an ES ablation variant; use one of {', '.join(VARIANTS)}.")
+    overrides = dict(VARIANTS[name].overrides)
+    named = {"sigma": "sigma", "learning_rate": "es_learning_rate", "population_size": "population_size"}
+    fields = {named[key]: overrides.pop(key) for key in list(overrides) if key in named}
+    return {"es_variant": name, "es_overrides": overrides, **fields}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +122,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"ES steps (default {defaults.es_steps}, {quick.es_steps} with --quick; GRPO steps follow).",
+    )
+    parser.add_argument(
+        "--equal",
+        choices=EQUAL,
+        default="completions",
+        help="What every method gets the same of: completions (default), or measured training CPU seconds (those GRPO "
+        "spends on the completion budget; ES gets the steps they buy). Use another --output_dir for each.",
+    )
+    parser.add_argument(
+        "--es_variant",
+        default="default",
+        help="ES settings: a variant of the ES ablation (`python -m experiments.es_ablation`), e.g. the one it chose "
+        "(default: the demo's settings).",
     )
     parser.add_argument(
         "--grpo_learning_rate",
@@ -126,6 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
         settings = replace(settings, es_steps=args.es_steps)
     if args.grpo_learning_rate is not None:
         settings = replace(settings, grpo_learning_rate=args.grpo_learning_rate)
+    if args.equal == "seconds":
+        settings = replace(settings, equal="seconds")
+        args.lab += "-seconds"  # its own cached jobs (`resolve_work_dir`)
+    if args.es_variant != "default":
+        settings = replace(settings, **es_variant_settings(args.es_variant))
     workers = args.workers or (1 if args.quick else WORKERS)
     command = command_line("experiments.coverage_lab", argv)
     return run_lab(

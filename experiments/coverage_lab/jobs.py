@@ -8,14 +8,20 @@ from pathlib import Path
 
 from experiments.coverage_lab.measuring import held_out_metrics, population_js_diversity, sparsified_metrics
 from experiments.coverage_lab.settings import LabSettings
-from experiments.coverage_lab.training import reward_curve, sweep_grpo_learning_rate, train_stages
+from experiments.coverage_lab.training import (
+    calibrate_seconds_per_step,
+    reward_curve,
+    sweep_grpo_learning_rate,
+    train_stages,
+    training_seconds,
+)
 from experiments.harness import cached_job
 from trl_es.demo.run import DEMO_MODEL
 
 
 @dataclass
 class Job:
-    """One unit of work, run in a worker process: `kind` is "base", "sweep" or a trained method."""
+    """One unit of work, run in a worker process: `kind` is "base", "sweep", "calibrate" or a trained method."""
 
     kind: str
     seed: int = 0
@@ -30,6 +36,8 @@ class Job:
             return "base"
         if self.kind == "sweep":
             return f"sweep-lr{self.learning_rate:g}"
+        if self.kind == "calibrate":
+            return "calibrate"
         return f"{self.kind}-seed{self.seed}"
 
 
@@ -41,6 +49,8 @@ def run_job(job: Job) -> dict:
     def compute() -> dict:
         if job.kind == "sweep":
             return sweep_grpo_learning_rate(settings, job.learning_rate, settings.seeds[0], folder)
+        if job.kind == "calibrate":
+            return {"seconds_per_step": calibrate_seconds_per_step(settings, job.learning_rate, job.seed, folder)}
         if job.kind == "base":
             return {"held_out": held_out_metrics(settings, DEMO_MODEL), "shift": 0.0}
         return train_and_measure(job, folder)
@@ -60,6 +70,7 @@ def train_and_measure(job: Job, folder: Path) -> dict:
         "held_out": held_out_metrics(settings, final),
         "shift": parameter_shift(DEMO_MODEL, final).relative_l2,
         "curve": reward_curve(settings, folder / "run"),
+        "training_seconds": training_seconds(folder / "run"),
     }
     if job.kind in ("es", "grpo-then-es"):
         start = DEMO_MODEL if job.kind == "es" else folder / "run" / "stage-0-grpo" / "final"

@@ -39,6 +39,7 @@ def held_out_metrics(settings: LabSettings, model_dir: str | Path, num_problems:
     ks = [k for k in ALL_KS if k <= n]
     return {
         "greedy_accuracy": report.greedy_accuracy,
+        "greedy_correct": report.greedy_correct,  # per problem: paired comparisons resample it
         "pass@k": {k: sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in ks},
         "maj@k": dict(report.maj_at_k),
         "entropy": report.token_entropy,

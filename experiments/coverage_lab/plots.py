@@ -26,9 +26,11 @@ def plot_pass_at_k_with_spread(summary: dict, path: Path) -> Path:
     return save_figure(figure, path)
 
 
-def plot_reward_curves(runs: dict[str, dict[str, dict]], sweep: list[dict], budget: int, path: Path) -> Path:
-    """Training reward against completions spent, one line per method and seed (a dotted line at half the `budget`,
-    where sequential runs hand over); and the GRPO learning-rate sweep."""
+def plot_reward_curves(
+    runs: dict[str, dict[str, dict]], sweep: list[dict], hand_over: float | None, path: Path
+) -> Path:
+    """Training reward against completions spent, one line per method and seed (a dotted line where sequential runs
+    hand over, when both stages spend the same completions); and the GRPO learning-rate sweep."""
     plt = pyplot()
     figure, (curves_axes, sweep_axes) = plt.subplots(2, 1, figsize=(7, 8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -39,7 +41,8 @@ def plot_reward_curves(runs: dict[str, dict[str, dict]], sweep: list[dict], budg
             curve = result["curve"]
             label = LABELS[method] if index == 0 else None
             curves_axes.plot(curve["completions"], curve["reward"], color=color, alpha=0.8, label=label, **style)
-    curves_axes.axvline(budget / 2, color="grey", linestyle=":", linewidth=1)
+    if hand_over is not None:
+        curves_axes.axvline(hand_over, color="grey", linestyle=":", linewidth=1)
     title = "Training reward, one line per seed\n(ES: mean member reward, greedy; GRPO: samples at T=1)"
     finish_axes(curves_axes, title, "completions spent", "training reward")
     for entry in sweep:

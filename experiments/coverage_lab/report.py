@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from experiments.coverage_lab.comparisons import COMPARED_KS, comparisons, goal, metrics_compared
 from experiments.coverage_lab.plots import plot_pass_at_k_with_spread, plot_reward_curves
 from experiments.coverage_lab.settings import LABELS, MAJ_KS, SPARSITY_PERCENTS
 from experiments.coverage_lab.summary import method_metrics
-from experiments.harness import RESULTS_FILE, cell, markdown_table, read_results, relative_link
+from experiments.harness import RESULTS_FILE, cell, markdown_table, p_value, read_results, relative_link, spread
 from trl_es.demo.run import DEMO
 
 PASS_KS = (1, 2, 4, 8, 16)  # the Pass@k columns of the results table
@@ -27,7 +28,7 @@ def write_report(output_dir: Path, markdown_path: Path, log=print) -> None:
     sweep = results["grpo_lr_sweep"]
     plots = {
         "pass_at_k": plot_pass_at_k_with_spread(results["summary"], output_dir / "pass_at_k.png"),
-        "curves": plot_reward_curves(trained, sweep, results["budget"], output_dir / "reward_curves.png"),
+        "curves": plot_reward_curves(trained, sweep, hand_over(results), output_dir / "reward_curves.png"),
         "json": output_dir / RESULTS_FILE,
     }
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,12 +44,22 @@ def render_markdown(results: dict, markdown_path: Path, plots: dict[str, Path]) 
         settings_section(results),
         sweep_section(results),
         results_section(results, link["pass_at_k"]),
+        comparisons_section(results),
         per_seed_section(results),
         js_diversity_section(results),
         sparsity_section(results),
         curves_and_runtime_section(results, link["curves"], link["json"]),
     ]
     return "\n\n".join(block for section in sections for block in section) + "\n"
+
+
+def equal_seconds(results: dict) -> bool:
+    return results["settings"].get("equal", "completions") == "seconds"
+
+
+def hand_over(results: dict) -> float | None:
+    """Where sequential runs hand over, in completions: half the budget when both stages spend the same number."""
+    return None if equal_seconds(results) else results["budget"] / 2
 
 
 def _shift_cell(stat: dict) -> str:
@@ -62,11 +73,13 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def introduction(results: dict) -> list[str]:
     settings, machine = results["settings"], results["machine"]
     load = machine.get("load_average_at_start")
+    equal = "measured training seconds" if equal_seconds(results) else "number of completions"
+    title = "at equal training seconds" if equal_seconds(results) else "on the embedded arithmetic model"
     return [
-        "# The coverage lab: ES, GRPO and their sequences on the embedded arithmetic model",
+        f"# The coverage lab: ES, GRPO and their sequences {title}",
         "Base, ES, GRPO, ES→GRPO and GRPO→ES, each trained from `trl_es/demo/model` on the offline arithmetic task "
-        "(`trl_es.tasks.arithmetic`, reward 1 when the first number of the answer is right) with the same number of "
-        f"completions, for seeds {', '.join(map(str, settings['seeds']))}; measured on the first "
+        f"(`trl_es.tasks.arithmetic`, reward 1 when the first number of the answer is right) with the same {equal}, "
+        f"for seeds {', '.join(map(str, settings['seeds']))}; measured on the first "
         f"{settings['num_held_out']} problems of the held-out test split ({settings['samples_per_prompt']} samples "
         "per problem at temperature 1; greedy accuracy from one greedy answer). Cells are mean ± sample std over "
         "seeds; per-seed values are below and in the JSON.",
@@ -89,12 +102,17 @@ def settings_section(results: dict) -> list[str]:
         "that 3 seeds of every method fit in about 40 min on 2 CPU cores; GRPO's backward pass makes its completions "
         "~3x dearer than ES's greedy ones)."
     )
+    variant = settings.get("es_variant", "default")
+    origin = "the demo's settings" if variant == "default" else f"ablation variant `{variant}`"
+    changes = "".join(f", {name}={value}" for name, value in settings.get("es_overrides", {}).items())
+    if equal_seconds(results):
+        shorter_than_the_demo = "."
     bullets = [
-        f"- Budget per method and seed: **{results['budget']:,} completions** of at most "
-        f"{settings['max_completion_length']} tokens.",
-        f"- ES (the demo's settings): N={settings['population_size']}, σ={settings['sigma']}, "
-        f"α={settings['es_learning_rate']}, {settings['prompts_per_step']} prompts per step answered greedily by "
-        f"every member ({settings['population_size'] * settings['prompts_per_step']} completions per step), "
+        budget_bullet(results),
+        f"- ES ({origin}): N={settings['population_size']}, σ={settings['sigma']}, "
+        f"α={settings['es_learning_rate']}{changes}, {settings['prompts_per_step']} prompts per step answered "
+        f"greedily by every member ({settings['population_size'] * settings['prompts_per_step']} completions per "
+        "step), "
         f"{es_steps} steps" + (shorter_than_the_demo if es_steps != DEMO.max_steps else "."),
         f"- GRPO: {settings['prompts_per_step']} prompts × {settings['num_generations']} generations = "
         f"{settings['prompts_per_step'] * settings['num_generations']} completions per step at temperature 1, "
@@ -103,7 +121,43 @@ def settings_section(results: dict) -> list[str]:
         f"- ES→GRPO and GRPO→ES: half the budget in each stage ({es_steps // 2} ES steps, "
         f"{results['grpo_steps'] // 2} GRPO steps), `SequentialTrainer`, each stage from the previous one's model.",
     ]
-    return ["## Settings", "\n".join(bullets)]
+    return ["## Settings", "\n".join(bullets), *seconds_table(results)]
+
+
+def budget_bullet(results: dict) -> str:
+    settings = results["settings"]
+    if not equal_seconds(results):
+        return (
+            f"- Budget per method and seed: **{results['budget']:,} completions** of at most "
+            f"{settings['max_completion_length']} tokens."
+        )
+    per_step, completions = settings["seconds_per_step"], results["completions"]
+    seconds = results["grpo_steps"] * per_step["grpo"]
+    return (
+        f"- Budget per method and seed: **{seconds:.3g} CPU seconds of training steps**, what GRPO's "
+        f"{results['grpo_steps']} steps take at the {per_step['grpo']:.2f} s per step measured before training "
+        f"(ES: {per_step['es']:.2f} s per step, so {settings['es_steps']} steps). CPU seconds of the training "
+        "process, one torch thread per worker: the compute a step used, however busy the other core was. "
+        f"Completions: ES {completions['es']:,}, GRPO {completions['grpo']:,}."
+    )
+
+
+def seconds_table(results: dict) -> list[str]:
+    """The training seconds each method used, measured (equal-seconds runs only)."""
+    if not equal_seconds(results):
+        return []
+    rows = []
+    for method, by_seed in results["runs"].items():
+        if method == "base":
+            continue
+        cpu = [result["training_seconds"]["cpu"] for result in by_seed.values()]
+        wall = [result["training_seconds"]["wall"] for result in by_seed.values()]
+        rows.append([LABELS[method], cell(spread(cpu), 0), cell(spread(wall), 0)])
+    return [
+        "Measured training seconds per run (`TrainingClock`: the training steps of every stage, mean ± std over "
+        "seeds; wall seconds include waiting for the shared cores):",
+        _table(["method", "CPU seconds", "wall seconds"], rows),
+    ]
 
 
 def sweep_section(results: dict) -> list[str]:
@@ -150,6 +204,53 @@ def results_section(results: dict, pass_at_k_plot: str) -> list[str]:
         f"{math.sqrt(0.25 / settings['num_held_out']):.3f}.",
         f"![Pass@k of the five methods]({pass_at_k_plot})",
     ]
+
+
+def comparisons_section(results: dict) -> list[str]:
+    """Every method's intervals and its paired difference from GRPO and from the base; in an equal-seconds run, the
+    goal read from them."""
+    metrics = metrics_compared(results)
+    names = {"greedy": "greedy", **{f"pass@{k}": f"Pass@{k}" for k in COMPARED_KS}}
+    blocks = [
+        "## Intervals and paired tests",
+        "Means over seeds and held-out problems with 95% intervals from a two-level bootstrap (seeds and problems "
+        "resampled; `trl_es.evaluation.intervals`); each difference is paired by seed and problem, with the paired "
+        "sign-flip test's p over problems (seeds averaged). The base is one measurement, used for every seed."
+        + (
+            ""
+            if "greedy" in metrics
+            else " Greedy accuracy was not recorded per problem in this run, so it has no interval here."
+        ),  # fmt: skip
+    ]
+    for baseline in ("grpo", "base"):
+        found = comparisons(results, baseline)
+        rows = []
+        for method, by_metric in found.items():
+            cells = [f"{_interval(by_metric[m]['interval'])}" for m in metrics]
+            if method != baseline:
+                cells = [
+                    f"{c}<br>Δ {_difference(by_metric[m]['difference'])}" for c, m in zip(cells, metrics, strict=True)
+                ]
+            rows.append([LABELS[method], *cells])
+        blocks += [f"### Against {LABELS[baseline]}", _table(["method", *(names[m] for m in metrics)], rows)]
+        if baseline == "grpo" and equal_seconds(results):
+            reached = goal(results, found)
+            blocks.append(
+                "The goal at equal training seconds: "
+                + "; ".join(f"{name}: **{'yes' if met else 'no'}**" for name, met in reached.items())
+                + "."
+            )
+    return blocks
+
+
+def _difference(stat: dict) -> str:
+    return f"{_interval(stat, signed=True)} {p_value(stat['p'])}"
+
+
+def _interval(stat: dict, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    low, high = stat["ci"]
+    return f"{stat['mean']:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
 
 
 def per_seed_section(results: dict) -> list[str]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from experiments.coverage_lab.settings import LabSettings
+from experiments.coverage_lab.settings import CALIBRATION_STEPS, LabSettings
 from trl_es.demo.run import DEMO, DEMO_MODEL
 from trl_es.tasks.arithmetic import arithmetic_dataset, arithmetic_reward
 
@@ -22,6 +23,28 @@ class LogHistoryRecorder(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "log_history.json").write_text(json.dumps(state.log_history))
+
+
+class TrainingClock(TrainerCallback):
+    """Measures a stage's training seconds, step by step: process CPU seconds (what the lab equalises: with one torch
+    thread per worker it is the compute a step used, however busy the machine's other cores were) and wall seconds.
+    Writes `<output_dir>/training_seconds.json` when training ends."""
+
+    def __init__(self):
+        self.steps: list[dict[str, float]] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._started = (time.process_time(), time.perf_counter())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        cpu, wall = self._started
+        self.steps.append({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        totals = {kind: sum(step[kind] for step in self.steps) for kind in ("cpu", "wall")}
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "training_seconds.json").write_text(json.dumps({**totals, "steps": self.steps}))
+        self.steps = []
 
 
 class StopAfter(TrainerCallback):
@@ -37,18 +60,18 @@ class StopAfter(TrainerCallback):
 
 def es_config(settings: LabSettings, output_dir: str, steps: int, seed: int):
     """The demo's ESConfig (`trl_es.demo.run.DemoSettings.es_config`: greedy, on CPU, no checkpoints) with the lab's
-    N, σ, α, prompts per step, completion length and logging, for `steps` steps."""
+    N, σ, α, prompts per step, completion length and logging, for `steps` steps, and its `es_overrides`."""
     demo = replace(
         DEMO,
         max_steps=steps,
         population_size=settings.population_size,
         sigma=settings.sigma,
         learning_rate=settings.es_learning_rate,
-        prompts_per_step=settings.prompts_per_step,
+        prompts_per_step=settings.prompts_per_step * settings.es_generations,  # completions per member and step
         max_completion_length=settings.max_completion_length,
         logging_steps=settings.logging_steps,
     )
-    return demo.es_config(output_dir, seed, disable_tqdm=True)
+    return demo.es_config(output_dir, seed, disable_tqdm=True, **settings.es_overrides)
 
 
 def grpo_config(settings: LabSettings, output_dir: str, steps: int, seed: int, learning_rate: float):
@@ -96,9 +119,45 @@ def train_stages(settings: LabSettings, method: str, seed: int, output_dir: Path
         output_dir=str(output_dir),
         reward_funcs=arithmetic_reward,
         train_dataset=arithmetic_dataset("train", settings.num_train),
-        callbacks=[LogHistoryRecorder()],
+        callbacks=[LogHistoryRecorder(), TrainingClock()],
     )
     return trainer.train()
+
+
+def training_seconds(run_dir: Path) -> dict[str, float]:
+    """The CPU and wall seconds of a run's training steps, over its stages (`TrainingClock`)."""
+    stages = [json.loads(path.read_text()) for path in run_dir.glob("stage-*/training_seconds.json")]
+    return {kind: sum(stage[kind] for stage in stages) for kind in ("cpu", "wall")}
+
+
+def calibrate_seconds_per_step(settings: LabSettings, grpo_lr: float, seed: int, work_dir: Path) -> dict[str, float]:
+    """CPU seconds per training step of ES and of GRPO from the demo model, the mean of `CALIBRATION_STEPS` - 1 steps
+    after a first one that warms up."""
+    from trl import GRPOTrainer
+
+    from trl_es import ESTrainer
+    from trl_es.compat.accelerate import reset_accelerator_state
+
+    measured = {}
+    for method in ("es", "grpo"):
+        output_dir = str(work_dir / f"calibrate-{method}")
+        if method == "es":
+            trainer_class, args = ESTrainer, es_config(settings, output_dir, CALIBRATION_STEPS, seed)
+        else:
+            trainer_class, args = GRPOTrainer, grpo_config(settings, output_dir, CALIBRATION_STEPS, seed, grpo_lr)
+        clock = TrainingClock()
+        trainer = trainer_class(
+            model=str(DEMO_MODEL),
+            reward_funcs=arithmetic_reward,
+            args=args,
+            train_dataset=arithmetic_dataset("train", settings.num_train),
+            callbacks=[clock],
+        )
+        trainer.train()
+        reset_accelerator_state()
+        steps = json.loads((Path(output_dir) / "training_seconds.json").read_text())["steps"]
+        measured[method] = statistics.fmean(step["cpu"] for step in steps[1:])
+    return measured
 
 
 def reward_curve(settings: LabSettings, run_dir: Path) -> dict[str, list[float]]:

@@ -5,13 +5,15 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from scripts.paths import REPO
 
-from experiments.coverage_lab.cli import main, parse_args
+from experiments.coverage_lab.cli import es_variant_settings, main, parse_args
+from experiments.coverage_lab.comparisons import comparisons, goal
 from experiments.coverage_lab.report import render_markdown
-from experiments.coverage_lab.settings import METHODS, LabSettings, quick_settings
+from experiments.coverage_lab.settings import METHODS, LabSettings, equal_seconds, quick_settings
 from experiments.coverage_lab.training import es_config
 from experiments.harness import load_average, spread
 from trl_es.demo.run import DEMO
@@ -116,3 +118,66 @@ def test_the_quick_lab_writes_results_plots_and_report(tmp_path):
     report = (tmp_path / "lab.md").read_text()
     assert "](lab/pass_at_k.png)" in report and "](lab/reward_curves.png)" in report
     assert "python -m experiments.coverage_lab --quick" in report
+
+
+def test_equal_seconds_gives_es_the_steps_that_grpos_seconds_buy():
+    settings = equal_seconds(LabSettings(), {"es": 1.5, "grpo": 4.0})
+    assert settings.grpo_steps == LabSettings().grpo_steps  # GRPO keeps its completion-budget steps
+    assert settings.es_steps == 2 * round(LabSettings().grpo_steps * 4.0 / 1.5 / 2) and settings.es_steps % 2 == 0
+    assert settings.equal == "seconds" and settings.seconds_per_step == {"es": 1.5, "grpo": 4.0}
+
+
+def test_an_ablation_variant_sets_the_labs_es_fields():
+    fields = es_variant_settings("n32")
+    assert fields == {"es_variant": "n32", "es_overrides": {}, "population_size": 32}
+    settings = replace(LabSettings(), **es_variant_settings("pass-at-4"))
+    assert settings.completions_per_es_step == 16 * 64 * 4  # four samples of every prompt per member
+    with pytest.raises(SystemExit, match="not an ES ablation variant"):
+        es_variant_settings("n7")
+
+
+def lab_results(per_method_success: dict[str, list[float]], seeds=(0,)) -> dict:
+    """Results of a lab on 4 problems, with each method's per-problem success rate of 4 samples (same each seed)."""
+    runs = {
+        method: {str(seed): {"held_out": {"success_probs": probs, "greedy_correct": [float(p >= 0.5) for p in probs]}}
+                 for seed in (seeds if method != "base" else seeds[:1])}
+        for method, probs in per_method_success.items()
+    }  # fmt: skip
+    return {"settings": {"seeds": list(seeds), "samples_per_prompt": 4}, "runs": runs}
+
+
+def test_comparisons_pair_methods_on_the_same_problems_and_read_the_goal():
+    success = {"base": [0.5, 0.5, 0.25, 0.0], "es": [0.75, 0.75, 0.25, 0.0], "grpo": [1.0, 0.75, 0.0, 0.0],
+               "es-then-grpo": [1.0, 1.0, 0.25, 0.0], "grpo-then-es": [1.0, 0.75, 0.5, 0.25]}  # fmt: skip
+    results = lab_results(success, seeds=(0, 1))
+    found = comparisons(results, "grpo")
+    assert found["es"]["pass@4"]["difference"]["mean"] == pytest.approx((3 - 2) / 4)  # solved at least once: 3 vs 2
+    assert "difference" not in found["grpo"]["pass@1"]
+    assert found["base"]["greedy"]["interval"]["mean"] == pytest.approx(0.5)  # the base's one run, every seed
+    reached = goal(results, found)
+    assert reached["ES within one standard error of GRPO at Pass@1"] is True  # equal: 1.75 / 4 each
+    assert reached["ES above GRPO at every k ≥ 4"] is True  # Pass@4: ES 0.75, GRPO 0.5
+    assert reached["ES→GRPO or GRPO→ES the best Pass@4"] is True  # GRPO→ES: 1.0 (4 samples: Pass@4 is the largest)
+    same = comparisons(lab_results({"base": success["base"], "es": success["es"], "grpo": success["es"]}), "grpo")
+    assert same["es"]["pass@4"]["difference"] | {"p": None} == {"mean": 0.0, "se": 0.0, "ci": [0.0, 0.0], "p": None}
+    assert same["es"]["pass@4"]["difference"]["p"] == 1.0
+
+
+@pytest.mark.slow
+def test_the_quick_equal_seconds_lab_gives_every_method_grpos_training_seconds(tmp_path):
+    output_dir = tmp_path / "lab"
+    command = [sys.executable, "-m", "experiments.coverage_lab", "--quick", "--equal", "seconds", "--seeds", "2",
+               "--output_dir", str(output_dir), "--work_dir", str(tmp_path / "work")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(command, cwd=tmp_path, env=env, check=True, timeout=600, capture_output=True)
+
+    results = json.loads((output_dir / "results.json").read_text())
+    settings, per_step = results["settings"], results["settings"]["seconds_per_step"]
+    assert settings["equal"] == "seconds" and per_step["es"] > 0 and per_step["grpo"] > 0
+    assert settings["es_steps"] == max(2, 2 * round(results["grpo_steps"] * per_step["grpo"] / per_step["es"] / 2))
+    for method in METHODS[1:]:
+        for run in results["runs"][method].values():
+            assert run["training_seconds"]["cpu"] > 0 and len(run["held_out"]["greedy_correct"]) == 16
+    report = (tmp_path / "lab.md").read_text()
+    assert "CPU seconds of training steps" in report and "The goal at equal training seconds:" in report
+    assert "### Against GRPO" in report and "<br>Δ" in report
