@@ -57,3 +57,34 @@ def test_an_eval_set_without_answers_is_refused_with_the_column_to_add(tmp_path)
     without_answers = arithmetic_dataset("test", 4).remove_columns("answer")
     with pytest.raises(ValueError, match="answer_column"):
         CoverageEvalCallback(trainer, without_answers, extract_answer)
+
+
+def test_a_math_benchmark_is_measured_with_the_judge_given(tiny_model_path, prompts, tmp_path):
+    """`judge=math_verify_judge` makes each set's judge from its answers and decides correctness (and Maj@k votes)."""
+    from scripts.paths import REPO
+
+    from trl_es.evaluation.benchmarks import benchmark_dataset, math_verify_judge
+    from trl_es.testing import digit_fraction
+
+    math500 = benchmark_dataset("math500", REPO / "tests" / "fixtures" / "benchmarks" / "math500.jsonl")
+    judged = []
+
+    def recording_judge(references):
+        judge = math_verify_judge(references)
+
+        def record(index, texts, ids):
+            verdict = judge(index, texts, ids)
+            judged.append((references[index], verdict))
+            return verdict
+
+        return record
+
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=fast_es_config(tmp_path),
+                        train_dataset=prompts)  # fmt: skip
+    callback = CoverageEvalCallback(trainer, {"math500": math500}, judge=recording_judge, ks=(1, 2), max_new_tokens=6)
+    metrics = callback.evaluate()
+    assert {"eval_math500_pass@2", "eval_math500_maj@2", "eval_math500_greedy_accuracy"} <= metrics.keys()
+    assert sorted({reference for reference, _ in judged}) == sorted(math500["answer"])  # every problem, its gold
+    assert all(len(verdict.correct) in (1, 2) and verdict.answers is not None for _, verdict in judged)
+    with pytest.raises(ValueError, match="extract_answer or judge, not both"):
+        CoverageEvalCallback(trainer, math500, extract_answer, judge=math_verify_judge)

@@ -152,6 +152,15 @@ def load_benchmark(name: str, path: str | Path, num_problems: int | None = None)
     return prompts, [answers[answer](cell) for cell in rows[answer]]
 
 
+def benchmark_dataset(name: str, path: str | Path, num_problems: int | None = None):
+    """`load_benchmark` as a `datasets.Dataset` with `prompt` (conversations) and `answer` columns, the eval set
+    [`~trl_es.CoverageEvalCallback`] takes (with `judge=math_verify_judge`) to measure a benchmark during training."""
+    from datasets import Dataset
+
+    prompts, answers = load_benchmark(name, path, num_problems)
+    return Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+
 def _as_math(answer: str) -> str:
     """Gold answers are LaTeX without delimiters: math-verify's LaTeX extraction needs them."""
     return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"

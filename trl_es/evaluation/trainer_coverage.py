@@ -94,6 +94,7 @@ def measure_trainer(
     extract_answer: Callable[[str], str | None] | None = None,
     answer_column: str = "answer",
     success_threshold: float = 0.0,
+    judge: Callable[[Sequence[str]], Judge] | None = None,
     samples_per_prompt: int | None = None,
     temperature: float = 1.0,
     max_new_tokens: int | None = None,
@@ -102,11 +103,15 @@ def measure_trainer(
     """Coverage of `trainer`'s current model, sampled by `sampler`, on `dataset` (a `prompt` column, plain text or
     conversational).
 
-    With `extract_answer`, a completion is correct when its extracted answer equals the `answer_column` entry, and
-    Maj@k is measured; without, when its weighted reward is above `success_threshold`.
+    With `judge` (a judge factory, e.g. `trl_es.evaluation.benchmarks.math_verify_judge`), the judge it makes of the
+    `answer_column` decides; with `extract_answer`, a completion is correct when its extracted answer equals the
+    `answer_column` entry, and Maj@k is measured; without either, when its weighted reward is above
+    `success_threshold`.
     """
     tokenizer = trainer.processing_class
-    if extract_answer is not None:
+    if judge is not None:
+        judge = judge(dataset[answer_column])
+    elif extract_answer is not None:
         judge = answer_judge(dataset[answer_column], extract_answer)
     else:
         judge = reward_judge(trainer, dataset, success_threshold)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 
-from ..evaluation.coverage import Sampler
+from ..evaluation.coverage import Judge, Sampler
 from ..evaluation.trainer_coverage import grpo_sampler, measure_trainer
 from .es_trainer import ESTrainer
 
@@ -33,6 +33,10 @@ class CoverageEvalCallback(TrainerCallback):
     >>> trainer = ESTrainer(...)  # or GRPOTrainer(...)
     >>> sets = {"arithmetic": test_set, "held_out": other_set}
     >>> trainer.add_callback(CoverageEvalCallback(trainer, sets, extract_answer, eval_steps=50))
+    >>> # A math benchmark from a local file, checked with math-verify
+    >>> from trl_es.evaluation.benchmarks import benchmark_dataset, math_verify_judge
+    >>> math500 = benchmark_dataset("math500", "MATH-500/test.jsonl")
+    >>> trainer.add_callback(CoverageEvalCallback(trainer, {"math500": math500}, judge=math_verify_judge))
     ```
 
     Args:
@@ -60,6 +64,9 @@ class CoverageEvalCallback(TrainerCallback):
             start (step 0) and at the end of training.
         answer_column (`str`, *optional*, defaults to `"answer"`):
             Column of the reference answers.
+        judge (`Callable[[Sequence[str]], Judge]`, *optional*):
+            Instead of `extract_answer`: a factory that makes the judge of a set from its reference answers, e.g.
+            `trl_es.evaluation.benchmarks.math_verify_judge` (math-verify's equivalence, with Maj@k).
     """
 
     def __init__(
@@ -73,11 +80,14 @@ class CoverageEvalCallback(TrainerCallback):
         max_new_tokens: int | None = None,
         eval_steps: int | None = None,
         answer_column: str = "answer",
+        judge: Callable[[Sequence[str]], Judge] | None = None,
     ):
+        if judge is not None and extract_answer is not None:
+            raise ValueError("Give extract_answer or judge, not both: each decides which completions are correct.")
         self.trainer = trainer
         named = eval_datasets if isinstance(eval_datasets, dict) else {"": eval_datasets}
         for name, dataset in named.items():
-            missing = {"prompt", *([answer_column] if extract_answer else [])} - set(dataset.column_names)
+            missing = {"prompt", *([answer_column] if extract_answer or judge else [])} - set(dataset.column_names)
             if missing:
                 raise ValueError(
                     f"Eval set {name or 'eval_datasets'!r} has no column {sorted(missing)}; it needs `prompt` and, to "
@@ -85,6 +95,7 @@ class CoverageEvalCallback(TrainerCallback):
                 )
         self.eval_datasets = named
         self.extract_answer = extract_answer
+        self.judge = judge
         self.ks = tuple(ks)
         self.samples_per_prompt = samples_per_prompt or max(self.ks)
         self.temperature = temperature
@@ -114,6 +125,7 @@ class CoverageEvalCallback(TrainerCallback):
                 self.ks,
                 self.extract_answer,
                 answer_column=self.answer_column,
+                judge=self.judge,
                 samples_per_prompt=self.samples_per_prompt,
                 temperature=self.temperature,
                 max_new_tokens=self.max_new_tokens,
