@@ -34,6 +34,32 @@ def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, b
 
 
 @pytest.mark.slow
+def test_two_processes_shard_the_adam_state_save_it_whole_and_resume_bitwise(tmp_path, tiny_model_path):
+    """With shard_update each process keeps the es_optimizer state of the tensors it owns only (about half here); a
+    checkpoint still holds all of it, bitwise the 1-process run's, and a 2-process resume ends as the 1-process run."""
+    adam = ["--es_optimizer", "adam", "--save_steps", "2"]
+    one = launch(1, tiny_model_path, tmp_path / "one", *adam)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = launch(2, tiny_model_path, tmp_path / "two", *adam)
+    assert two.returncode == 0, two.stderr[-3000:]
+    total = int((tmp_path / "one" / "optimizer_elements_rank0").read_text())
+    held = [int((tmp_path / "two" / f"optimizer_elements_rank{rank}").read_text()) for rank in (0, 1)]
+    assert sum(held) == total and max(held) < 0.75 * total, (held, total)
+    saved = "checkpoint-2/es_state/optimizer.safetensors"
+    single, double = load_file(tmp_path / "one" / saved), load_file(tmp_path / "two" / saved)
+    assert single.keys() == double.keys() and all(torch.equal(single[k], double[k]) for k in single)
+    assert sum(t.numel() for t in single.values()) == total
+
+    resumed = launch(2, tiny_model_path, tmp_path / "two", *adam, "--resume_from", tmp_path / "two" / "checkpoint-2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    single, again = (
+        load_file(tmp_path / "one" / "master.safetensors"),
+        load_file(tmp_path / "two" / "master.safetensors"),
+    )
+    assert all(torch.equal(single[k], again[k]) for k in single)
+
+
+@pytest.mark.slow
 def test_ranks_that_diverge_fail_naming_the_step(tmp_path, tiny_model_path):
     run = launch(2, tiny_model_path, tmp_path / "corrupt", "--corrupt_rank", 1)
     assert run.returncode != 0

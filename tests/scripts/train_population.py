@@ -5,7 +5,9 @@ Used by tests/integration/test_multi_process.py and tests/integration/test_multi
 (`--multi_gpu` starts P processes with torch.distributed; `use_cpu=True` in the config makes them CPU/gloo ranks.
 `accelerate launch --cpu --num_processes P` starts a single process unless mpirun is set up.)
 Each process gets B / P prompts from the dataloader, so every run sees B prompts per step. With --corrupt_rank R, that
-rank's master is nudged after the first step, which the rank agreement check must catch.
+rank's master is nudged after the first step, which the rank agreement check must catch. With --es_optimizer, each
+rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`); --save_steps writes
+checkpoints, and --resume_from continues one.
 """
 
 import argparse
@@ -37,6 +39,9 @@ def main():
     parser.add_argument("--prompts_per_step", type=int, default=8)
     parser.add_argument("--corrupt_rank", type=int, default=None)
     parser.add_argument("--use_vllm", action="store_true", help="Generate with one colocated vLLM engine per process.")
+    parser.add_argument("--es_optimizer", default="sgd")
+    parser.add_argument("--save_steps", type=int, default=None)
+    parser.add_argument("--resume_from", default=None)
     cli = parser.parse_args()
 
     processes = int(os.environ.get("WORLD_SIZE", 1))  # read before the config creates the distributed state
@@ -46,12 +51,17 @@ def main():
         max_steps=3,
         use_vllm=cli.use_vllm,
         vllm_mode="colocate",
+        es_optimizer=cli.es_optimizer,
+        **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
         **MOVING,
     )
     trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(16))
     if cli.corrupt_rank is not None:
         trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=cli.resume_from)
+    rank = trainer.accelerator.process_index
+    held = sum(tensor.numel() for tensor in trainer.population.master.optimizer.state_dict().values())
+    Path(cli.output_dir, f"optimizer_elements_rank{rank}").write_text(str(held))
     if trainer.accelerator.is_main_process:
         weights = {name: p.detach().contiguous() for name, p in trainer.model.named_parameters()}
         save_file(weights, f"{cli.output_dir}/final.safetensors")

@@ -115,7 +115,7 @@ def build_population(
     if resumed is not None:
         if resumed.lossy_masters:
             master.load_state_dict({**master.state_dict(), **resumed.lossy_masters})
-        master.restore_optimizer(resumed.optimizer_state, resumed.metadata)
+        master.restore_optimizer(resumed.optimizer_state, resumed.metadata, update_shards)
 
     if vllm_mode is None and lowrank:
         backend = HFLowRankBackend(

@@ -4,8 +4,10 @@ EGGROLL code's choice), with decoupled weight decay as before.
 
 The state (one or two float32 tensors per evolving tensor, and the number of updates for Adam's bias correction) is
 part of the run: it is saved in every checkpoint (`core.checkpoint`) and a resume continues bitwise. It is a pure
-function of the directions, so every process and the vLLM server's master keep equal copies by applying the same
-updates; with `shard_update`, each direction is still drawn by one process and broadcast before it is transformed.
+function of the directions, so the vLLM server's master keeps an equal copy by applying the same updates. With
+`shard_update` (`core.update_shards`), each tensor's owner draws its direction, transforms it with the state it alone
+keeps for that tensor and broadcasts the step: each of P processes holds about 1/P of the state, and a checkpoint
+gathers all of it.
 
 Adam's step has entries of size about `lr` whatever the direction's scale, while plain ES's `lr * g` has entries of
 about `lr / sqrt(N)` (z-scored fitness): the same `learning_rate` moves Adam's weights about `sqrt(N)` times further.

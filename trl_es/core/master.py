@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .direction_optimizer import DirectionOptimizer
+from .direction_optimizer import STATE_SUFFIXES, DirectionOptimizer
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
 from .noise import Member, parameter_noise
 from .update_shards import UpdateShards
@@ -70,21 +70,25 @@ class MasterWeights:
     ) -> float:
         """`master <- master * (1 - lr * weight_decay) + lr * step` for every tensor that is not frozen, where the
         step is the direction as `self.optimizer` transforms it (plain ES: the direction itself); returns the L2 norm
-        of `lr * step`. With `shards`, the processes share computing the directions (the result is bitwise the same).
+        of `lr * step`. With `shards`, the processes share computing the steps (the result is bitwise the same): each
+        tensor's owner draws its direction and transforms it with its share of the optimizer state.
 
         Raises `NonFiniteError` instead of writing a non-finite value: coefficients, `lr` and the decay factor are
         checked before any tensor changes, and each tensor's step before it is added (an overflow found there leaves
         the tensors before it updated, all finite)."""
         check_update_settings(coefficients, lr, weight_decay)
-        names = [name for name in self.tensors if not self.is_frozen(name)]
-        if shards is None:
-            directions = ((name, self.update_direction(name, coefficients)) for name in names)
-        else:
-            directions = shards.directions(self.tensors, names, lambda name: self.update_direction(name, coefficients))
-        squared_norms = {}
+        names = self.updated_names()
         self.optimizer.begin_update()
-        for name, direction in directions:
-            master, step = self.tensors[name], self.optimizer.step(name, direction).mul_(lr)
+
+        def step_of(name: str) -> torch.Tensor:
+            return self.optimizer.step(name, self.update_direction(name, coefficients))
+
+        steps = ((name, step_of(name)) for name in names) if shards is None else shards.directions(
+            self.tensors, names, step_of
+        )  # fmt: skip
+        squared_norms = {}
+        for name, step in steps:
+            master, step = self.tensors[name], step.mul_(lr)
             check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr)
             if weight_decay:
                 master.mul_(1.0 - lr * weight_decay)
@@ -104,12 +108,32 @@ class MasterWeights:
             base += float(ref.double().pow(2).sum())
         return math.sqrt(diff / base) if base > 0 else 0.0
 
-    def restore_optimizer(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    def updated_names(self) -> list[str]:
+        """The tensors an update changes, in master order."""
+        return [name for name in self.tensors if not self.is_frozen(name)]
+
+    def restore_optimizer(
+        self, tensors: dict[str, torch.Tensor], metadata: dict, shards: UpdateShards | None = None
+    ) -> None:
         """Continue a checkpoint's `es_optimizer` state (its tensors and `es_state.json`), checked against the
-        tensors this master updates, and moved to their device (a checkpoint is read onto the CPU)."""
-        shapes = {name: master.shape for name, master in self.tensors.items() if not self.is_frozen(name)}
+        tensors this master updates, and moved to their device (a checkpoint is read onto the CPU). With `shards`,
+        this process keeps the state of the tensors it owns only."""
+        shapes = {name: self.tensors[name].shape for name in self.updated_names()}
+        owned = set(shapes) if shards is None else shards.owned(self.tensors, list(shapes))
         device = next(iter(self.tensors.values())).device
-        self.optimizer.load_state_dict({name: t.to(device) for name, t in tensors.items()}, metadata, shapes)
+        self.optimizer.load_state_dict(tensors, metadata, shapes)
+        self.optimizer.state = {
+            key: tensor.to(device) for key, tensor in self.optimizer.state.items() if key.rsplit(".", 1)[0] in owned
+        }
+
+    def optimizer_state(self, shards: UpdateShards | None = None) -> dict[str, torch.Tensor]:
+        """The whole `es_optimizer` state, as a checkpoint saves it: with `shards`, gathered from the tensors' owners
+        (collective: every process must call it)."""
+        state = self.optimizer.state_dict()
+        suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
+        if shards is None or not suffixes:
+            return state
+        return dict(shards.gathered(self.tensors, self.updated_names(), state, suffixes))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.tensors

@@ -31,13 +31,22 @@ class UpdateShards:
         self.rank = rank
         self.num_processes = num_processes
 
+    def rounds(self, tensors: dict[str, torch.Tensor], names: list[str]) -> Iterator[list[str]]:
+        """The tensors of `names` in rounds of P, smallest first: process `k` owns the `k`-th of each round."""
+        by_size = sorted(names, key=lambda name: tensors[name].numel())
+        for start in range(0, len(by_size), self.num_processes):
+            yield by_size[start : start + self.num_processes]
+
+    def owned(self, tensors: dict[str, torch.Tensor], names: list[str]) -> set[str]:
+        """The tensors whose direction (and `es_optimizer` state) this process computes and keeps."""
+        return {round_names[self.rank] for round_names in self.rounds(tensors, names) if self.rank < len(round_names)}
+
     def directions(
         self, tensors: dict[str, torch.Tensor], names: list[str], direction_of: Callable[[str], torch.Tensor]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(name, direction_of(name))` for every tensor in `names` (shaped like `tensors[name]`), in rounds."""
-        by_size = sorted(names, key=lambda name: tensors[name].numel())
-        for start in range(0, len(by_size), self.num_processes):
-            round_names = by_size[start : start + self.num_processes]
+        """`(name, direction_of(name))` for every tensor in `names` (shaped like `tensors[name]`), in rounds:
+        `direction_of` runs only on the tensor's owner, and its result reaches every process."""
+        for round_names in self.rounds(tensors, names):
             received = [
                 direction_of(name) if owner == self.rank else torch.empty_like(tensors[name])
                 for owner, name in enumerate(round_names)
@@ -45,3 +54,15 @@ class UpdateShards:
             for owner, direction in enumerate(received):
                 torch.distributed.broadcast(direction, src=owner)
             yield from zip(round_names, received, strict=True)
+
+    def gathered(
+        self, tensors: dict[str, torch.Tensor], names: list[str], state: dict[str, torch.Tensor], suffixes: tuple
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Per-tensor state kept by each tensor's owner (`state["<name>.<suffix>"]`, float32, shaped like the tensor),
+        yielded on every process as `(key, tensor)`, one at a time. Collective: every process iterates to the end."""
+        for round_names in self.rounds(tensors, names):
+            for owner, name in enumerate(round_names):
+                for key in (f"{name}.{suffix}" for suffix in suffixes):
+                    received = state[key] if owner == self.rank else torch.empty_like(tensors[name])
+                    torch.distributed.broadcast(received, src=owner)
+                    yield key, received

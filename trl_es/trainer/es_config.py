@@ -74,7 +74,8 @@ class ESConfig(GRPOConfig):
             What the update adds, `learning_rate` times: the ES direction itself (`"sgd"`, the anchor paper), its
             running sum with decay `es_momentum` (`"momentum"`), or Adam's normalised step with `adam_beta1`,
             `adam_beta2` and `adam_epsilon` (`"adam"`, the EGGROLL code); weight decay stays decoupled. The state is
-            saved in every checkpoint and a resume continues it bitwise. Adam's entries are about `learning_rate` in
+            saved in every checkpoint and a resume continues it bitwise; with `shard_update` each process keeps the
+            state of the tensors whose update it computes (1/P of it). Adam's entries are about `learning_rate` in
             size, `sqrt(population_size)` times plain ES's: lower `learning_rate` to match.
         es_momentum (`float`, *optional*, defaults to `0.9`):
             Decay of the running direction with `es_optimizer="momentum"`.

@@ -495,10 +495,14 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     def save_extra_state(self, output_dir: str) -> None:
         """Each checkpoint's `es_state/`, written before `trainer_state.json` (which the Trainer writes last): a
         checkpoint with a Trainer state always has its ES state."""
-        if self.args.should_save and self._population is not None:
+        if self._population is None:
+            return
+        # Every process takes part: with shard_update each holds the es_optimizer state of the tensors it owns.
+        optimizer_state = self._population.master.optimizer_state(self._population.update_shards)
+        if self.args.should_save:
             metadata = resume.run_metadata(self.state.global_step, self._counters, self.reward_func_names, self.args)
             metadata |= self._noise_scale.state()
-            resume.save_run_state(output_dir, self._population, self._reference, metadata)
+            resume.save_run_state(output_dir, self._population, self._reference, metadata, optimizer_state)
 
     def load_extra_state(self, checkpoint: str) -> None:
         resumed = resume.ResumedRun.load(checkpoint, self._evolving_parameters(), self.args, self.reward_func_names)

@@ -56,17 +56,19 @@ def resume_checkpoint(resume_from_checkpoint: str | os.PathLike | bool | None, o
     return resume_from_checkpoint or None
 
 
-def save_run_state(output_dir: str, population, reference: StartingWeights | None, metadata: dict) -> None:
+def save_run_state(
+    output_dir: str, population, reference: StartingWeights | None, metadata: dict, optimizer_state: dict
+) -> None:
     """Write a checkpoint's `es_state/`: the float32 master of the parameters the model rounds, the starting weights,
-    the `es_optimizer` state and `metadata` (see `run_metadata`)."""
-    optimizer = population.master.optimizer
+    the whole `es_optimizer` state (`MasterWeights.optimizer_state`, gathered when sharded) and `metadata` (see
+    `run_metadata`)."""
     save_es_state(
         output_dir,
         master=population.master.state_dict(),
         parameter_dtypes={name: param.dtype for name, param in population.parameters.items()},
         reference=reference,
-        metadata={**metadata, **optimizer.metadata()},
-        optimizer_state=optimizer.state_dict(),
+        metadata={**metadata, **population.master.optimizer.metadata()},
+        optimizer_state=optimizer_state,
     )
 
 
