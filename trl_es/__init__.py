@@ -25,6 +25,8 @@ _EXPORTS = {
     "pass_at_k": "trl_es.evaluation.metrics",
     "maj_at_k": "trl_es.evaluation.metrics",
     "js_diversity": "trl_es.evaluation.metrics",
+    "benchmark_dataset": "trl_es.evaluation.benchmarks",
+    "math_verify_judge": "trl_es.evaluation.benchmarks",
     "PopulationBackend": "trl_es.backends.base",
 }
 
@@ -39,14 +41,17 @@ __all__ = [
     "SequentialTrainer",
     "Stage",
     "__version__",
+    "benchmark_dataset",
     "coverage_report",
     "js_diversity",
     "maj_at_k",
+    "math_verify_judge",
     "pass_at_k",
 ]
 
 if TYPE_CHECKING:
     from .backends.base import PopulationBackend
+    from .evaluation.benchmarks import benchmark_dataset, math_verify_judge
     from .evaluation.coverage import CoverageReport, coverage_report
     from .evaluation.metrics import js_diversity, maj_at_k, pass_at_k
     from .evolm.config import EvolmConfig

@@ -34,7 +34,7 @@ class CoverageEvalCallback(TrainerCallback):
     >>> sets = {"arithmetic": test_set, "held_out": other_set}
     >>> trainer.add_callback(CoverageEvalCallback(trainer, sets, extract_answer, eval_steps=50))
     >>> # A math benchmark from a local file, checked with math-verify
-    >>> from trl_es.evaluation.benchmarks import benchmark_dataset, math_verify_judge
+    >>> from trl_es import benchmark_dataset, math_verify_judge
     >>> math500 = benchmark_dataset("math500", "MATH-500/test.jsonl")
     >>> trainer.add_callback(CoverageEvalCallback(trainer, {"math500": math500}, judge=math_verify_judge))
     ```
