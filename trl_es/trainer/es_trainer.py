@@ -11,7 +11,6 @@ the file's length.)
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import Counter
@@ -30,8 +29,6 @@ from ..compat.transformers import TrainerHooks
 from ..compat.trl import TrainerTags, colocated_engine, completion_table, grpo_init_sees_defaults, logged_metrics
 from ..core.distributed import (
     check_ranks_agree,
-    from_process,
-    gather_member_values,
     members_of_this_process,
     whole_batch,
 )
@@ -44,13 +41,12 @@ from ..core.fitness import (
     weighted_rewards,
 )
 from ..core.guards import check_finite_tensors, check_fitness
-from ..core.kl_anchor import anchored_fitness
-from ..core.noise import derive_seed, sampling_seed
 from ..core.noise import population as population_members
+from ..core.noise import sampling_seed
 from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
-from . import evaluation, hub, resume, step_logging
+from . import evaluation, hub, kl_probe, resume, step_logging
 from .divergence import (
     StepCounters,
     degenerate_steps_warning,
@@ -229,28 +225,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
             if self.args.kl_anchor_beta:
-                self._kl_probe = self._sample_kl_probe(resumed)
+                self._kl_probe = kl_probe.sample_trainer_probe(self, resumed)
         return self._population
-
-    def _sample_kl_probe(self, resumed: resume.ResumedRun | None) -> KLProbe:
-        """The KL anchor's probe, sampled by the run's starting weights (a resumed run's from its checkpoint) on the
-        main process, the same on every process."""
-        probe = None
-        if self.accelerator.is_main_process:
-            backend, args = self._population.backend, self.args
-            prompts = self._kl_probe_prompts or [
-                row["prompt"] for row in itertools.islice(self.train_dataset, args.kl_anchor_probe_size)
-            ]
-            template, template_kwargs = self.chat_template, self.chat_template_kwargs
-            prompt_ids = tokenize_prompts(self.processing_class, prompts, template, template_kwargs)
-            seed = derive_seed(args.member_noise_seed, "kl-probe")
-            try:
-                if resumed is not None:
-                    backend.load_weights(resumed.reference.items())
-                probe = KLProbe.sample(backend.model, self.tokens, prompt_ids, args.max_completion_length, seed)
-            finally:
-                backend.load_center()
-        return from_process(self.accelerator, probe, owner=0)
 
     def _update_shards(self) -> UpdateShards | None:
         """How the processes share computing the update, or None to compute all of it on each."""
@@ -334,7 +310,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         with divergence_stops_training(step, args.output_dir):
             check_fitness(fitness, self.reward_weights.tolist())
             if self._kl_probe is not None:
-                fitness = self._anchored(fitness, members)
+                fitness = kl_probe.anchored(self, fitness, members)
         shaped = shape_fitness(fitness, args.fitness_shaping)
         self._count_direction(fitness, shaped)
 
@@ -357,19 +333,6 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             completion_table(self), self.accelerator, self.reward_func_names, prompts, scores, shaped
         )
         return fitness
-
-    def _anchored(self, fitness: torch.Tensor, members) -> torch.Tensor:
-        """`fitness - kl_anchor_beta * KL` of every member from the starting weights, on the probe; the centre's KL
-        is logged as `kl`, GRPO's name for the policy's KL to its reference, and the mean penalty as
-        `es/kl_penalty`."""
-        probe, backend = self._kl_probe, self.population.backend
-        member_kl = gather_member_values(
-            self.accelerator, probe.member_kl(backend, members_of_this_process(self.accelerator, members))
-        )
-        metrics, beta = logged_metrics(self, "train"), self.args.kl_anchor_beta
-        metrics["kl"].append(probe.kl_of(backend.model, self.tokens.pad))
-        metrics["es/kl_penalty"].append(beta * member_kl.mean().item())  # what the anchor took off the mean fitness
-        return anchored_fitness(fitness, member_kl, beta)
 
     def _count_direction(self, fitness: torch.Tensor, shaped: torch.Tensor) -> None:
         """Count a step without an update direction, and warn after `warn_after_degenerate_steps` of them in a row
