@@ -11,17 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from trl_es.cli.main import main
 from trl_es.demo.run import DEMO_MODEL
-from trl_es.evaluation.analysis import (
-    compare_checkpoints,
-    forgetting,
-    format_comparison,
-    load_eval_dataset,
-    module_of,
-    parameter_shift,
-    read_log_history,
-    sparsify,
-    training_curves,
-)
+from trl_es.evaluation.analysis import module_of, parameter_shift, read_log_history, sparsify, training_curves
+from trl_es.evaluation.comparison import compare_checkpoints, forgetting, format_comparison, load_eval_dataset
 from trl_es.evaluation.coverage import CoverageReport
 from trl_es.evaluation.plots import plot_pass_at_k, plot_shift_histogram, plot_training_curves
 from trl_es.testing import save_tiny_model

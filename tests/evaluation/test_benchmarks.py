@@ -7,8 +7,8 @@ import re
 import pytest
 from scripts.paths import REPO
 
-from trl_es.evaluation.analysis import load_eval_dataset
 from trl_es.evaluation.benchmarks import BENCHMARKS, SYSTEM_PROMPT, last_boxed, load_benchmark, math_verify_judge
+from trl_es.evaluation.comparison import load_eval_dataset
 from trl_es.evaluation.metrics import maj_at_k
 
 FIXTURES = REPO / "tests" / "fixtures" / "benchmarks"

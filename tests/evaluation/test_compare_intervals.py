@@ -12,7 +12,7 @@ from scripts.paths import REPO
 
 from trl_es.cli.main import main
 from trl_es.demo.run import DEMO_MODEL
-from trl_es.evaluation.analysis import (
+from trl_es.evaluation.comparison import (
     check_pairable,
     compare_checkpoints,
     comparison_statistics,

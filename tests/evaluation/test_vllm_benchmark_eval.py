@@ -11,7 +11,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test inst
 
 from trl_es.cli.main import main  # noqa: E402
 from trl_es.evaluation import coverage  # noqa: E402
-from trl_es.evaluation.analysis import evaluate_checkpoint, load_eval_dataset  # noqa: E402
+from trl_es.evaluation.comparison import evaluate_checkpoint, load_eval_dataset  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

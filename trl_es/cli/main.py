@@ -53,7 +53,7 @@ def _evaluation_settings(args: argparse.Namespace) -> dict:
 
 
 def _load_eval_datasets(args: argparse.Namespace, specs: list[str]) -> list:
-    from ..evaluation.analysis import load_eval_dataset
+    from ..evaluation.comparison import load_eval_dataset
 
     return [load_eval_dataset(spec, args.num_problems, args.max_new_tokens) for spec in specs]
 
@@ -73,7 +73,7 @@ def _analyze_evaluate(args: argparse.Namespace, checkpoints: list, specs: list[s
     """Evaluate `checkpoints` on the datasets `specs`, print the table with intervals, and write `--json`."""
     import json
 
-    from ..evaluation.analysis import compare_checkpoints, comparison_json, comparison_statistics, format_comparison
+    from ..evaluation.comparison import compare_checkpoints, comparison_json, comparison_statistics, format_comparison
 
     settings = _evaluation_settings(args)
     reports = compare_checkpoints(checkpoints, _load_eval_datasets(args, specs), **settings)
@@ -89,7 +89,7 @@ def _analyze_evaluate(args: argparse.Namespace, checkpoints: list, specs: list[s
 
 
 def _analyze_compare(args: argparse.Namespace) -> int:
-    from ..evaluation.analysis import checkpoint_labels
+    from ..evaluation.comparison import checkpoint_labels
 
     checkpoints = [args.base, *args.tuned]
     reports = _analyze_evaluate(args, checkpoints, args.dataset)
@@ -108,7 +108,8 @@ def _analyze_compare(args: argparse.Namespace) -> int:
 
 
 def _analyze_curves(args: argparse.Namespace) -> int:
-    from ..evaluation.analysis import checkpoint_labels, training_curves
+    from ..evaluation.analysis import training_curves
+    from ..evaluation.comparison import checkpoint_labels
     from ..evaluation.plots import plot_training_curves
 
     labels = checkpoint_labels(args.runs)
@@ -121,8 +122,8 @@ def _analyze_curves(args: argparse.Namespace) -> int:
 
 
 def _add_analyze_parser(commands) -> None:
-    from ..evaluation.analysis import BACKENDS
     from ..evaluation.benchmarks import BENCHMARKS
+    from ..evaluation.comparison import BACKENDS
     from ..evaluation.intervals import DRAWS
 
     analyze = commands.add_parser(
