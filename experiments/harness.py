@@ -59,6 +59,18 @@ def add_common_arguments(parser: argparse.ArgumentParser, name: str, seeds: int,
     )
 
 
+def add_worker_arguments(parser: argparse.ArgumentParser, workers: int) -> None:
+    """--workers (default `workers`, 1 with --quick) and --threads: how a lab's jobs share the machine."""
+    parser.add_argument(
+        "--workers", type=int, default=None, help=f"Worker processes (default {workers}; 1 with --quick)."
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default %(default)s).")
+
+
+def worker_count(args: argparse.Namespace, workers: int) -> int:
+    return args.workers or (1 if args.quick else workers)
+
+
 def markdown_path(args: argparse.Namespace) -> Path:
     return args.markdown or args.output_dir.with_suffix(".md")
 

@@ -15,6 +15,7 @@ from experiments.coverage_lab.settings import EQUAL, METHODS, WORKERS, LabSettin
 from experiments.coverage_lab.summary import summarize_runs
 from experiments.harness import (
     add_common_arguments,
+    add_worker_arguments,
     command_line,
     machine_info,
     markdown_path,
@@ -22,6 +23,7 @@ from experiments.harness import (
     rewrite_report,
     run_jobs,
     seed_range,
+    worker_count,
     write_results,
 )
 
@@ -144,10 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + ", ".join(f"{lr:g}" for lr in defaults.grpo_lr_sweep)
         + " on training reward) and use this lr.",
     )
-    parser.add_argument(
-        "--workers", type=int, default=None, help=f"Worker processes (default {WORKERS}; 1 with --quick)."
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default %(default)s).")
+    add_worker_arguments(parser, WORKERS)
     return parser.parse_args(argv)
 
 
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.lab += "-seconds"  # its own cached jobs (`resolve_work_dir`)
     if args.es_variant != "default":
         settings = replace(settings, **es_variant_settings(args.es_variant))
-    workers = args.workers or (1 if args.quick else WORKERS)
+    workers = worker_count(args, WORKERS)
     command = command_line("experiments.coverage_lab", argv)
     return run_lab(
         settings, args.output_dir, markdown_path(args), resolve_work_dir(args), workers, args.threads, command

@@ -14,6 +14,7 @@ from experiments.es_ablation.report import write_report
 from experiments.es_ablation.settings import VARIANTS, AblationSettings, quick_settings
 from experiments.harness import (
     add_common_arguments,
+    add_worker_arguments,
     command_line,
     machine_info,
     markdown_path,
@@ -21,6 +22,7 @@ from experiments.harness import (
     rewrite_report,
     run_jobs,
     seed_range,
+    worker_count,
     write_results,
 )
 
@@ -80,10 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="Run only these variants (default: all; the default settings' runs are always included).",
     )
-    parser.add_argument(
-        "--workers", type=int, default=None, help=f"Worker processes (default {WORKERS}; 1 with --quick)."
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default %(default)s).")
+    add_worker_arguments(parser, WORKERS)
     return parser.parse_args(argv)
 
 
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     settings = quick_settings(seeds) if args.quick else AblationSettings(seeds=seeds)
     if args.variants:
         settings = replace(settings, variants=tuple(dict.fromkeys(["default", *args.variants])))
-    workers = args.workers or (1 if args.quick else WORKERS)
+    workers = worker_count(args, WORKERS)
     command = command_line("experiments.es_ablation", argv)
     return run_ablation(
         settings, args.output_dir, markdown_path(args), resolve_work_dir(args), workers, args.threads, command
