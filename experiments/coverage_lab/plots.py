@@ -1,5 +1,5 @@
-"""The coverage lab's plots: Pass@k with its spread over seeds, and the training-reward curves beside the GRPO
-learning-rate sweep."""
+"""The coverage lab's plots: Pass@k with its spread over seeds, the Pass@1 / Pass@16 frontier of every run, and the
+training-reward curves beside the GRPO learning-rate sweep."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def plot_pass_at_k_with_spread(summary: dict, path: Path) -> Path:
     axes.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
     finish_axes(axes, "Pass@k at equal completion budgets (mean ± std over seeds)", "k (samples at temperature 1)",
                 "held-out Pass@k")  # fmt: skip
+    return save_figure(figure, path)
+
+
+def plot_frontier(runs: dict[str, dict[str, dict]], path: Path) -> Path:
+    """Held-out Pass@1 against Pass@16, one point per run: where each method sits between sharpening and coverage."""
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    for method, by_seed in runs.items():
+        pass_1 = [result["held_out"]["pass@k"]["1"] for result in by_seed.values()]
+        pass_16 = [result["held_out"]["pass@k"]["16"] for result in by_seed.values()]
+        axes.scatter(pass_1, pass_16, label=LABELS[method], s=30)
+    finish_axes(axes, "Pass@1 against Pass@16, one point per run", "held-out Pass@1", "held-out Pass@16")
     return save_figure(figure, path)
 
 

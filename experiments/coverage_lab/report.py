@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from experiments.coverage_lab.comparisons import COMPARED_KS, comparisons, goal, metrics_compared
-from experiments.coverage_lab.plots import plot_pass_at_k_with_spread, plot_reward_curves
+from experiments.coverage_lab.plots import plot_frontier, plot_pass_at_k_with_spread, plot_reward_curves
 from experiments.coverage_lab.settings import LABELS, MAJ_KS, SPARSITY_PERCENTS
 from experiments.coverage_lab.summary import method_metrics
 from experiments.harness import RESULTS_FILE, cell, markdown_table, p_value, read_results, relative_link, spread
@@ -28,6 +28,7 @@ def write_report(output_dir: Path, markdown_path: Path, log=print) -> None:
     sweep = results["grpo_lr_sweep"]
     plots = {
         "pass_at_k": plot_pass_at_k_with_spread(results["summary"], output_dir / "pass_at_k.png"),
+        "frontier": plot_frontier(results["runs"], output_dir / "frontier.png"),
         "curves": plot_reward_curves(trained, sweep, hand_over(results), output_dir / "reward_curves.png"),
         "json": output_dir / RESULTS_FILE,
     }
@@ -44,7 +45,7 @@ def render_markdown(results: dict, markdown_path: Path, plots: dict[str, Path]) 
         settings_section(results),
         sweep_section(results),
         results_section(results, link["pass_at_k"]),
-        comparisons_section(results),
+        comparisons_section(results, link["frontier"]),
         per_seed_section(results),
         js_diversity_section(results),
         sparsity_section(results),
@@ -206,7 +207,7 @@ def results_section(results: dict, pass_at_k_plot: str) -> list[str]:
     ]
 
 
-def comparisons_section(results: dict) -> list[str]:
+def comparisons_section(results: dict, frontier_plot: str) -> list[str]:
     """Every method's intervals and its paired difference from GRPO and from the base; in an equal-seconds run, the
     goal read from them."""
     metrics = metrics_compared(results)
@@ -233,6 +234,8 @@ def comparisons_section(results: dict) -> list[str]:
                 ]
             rows.append([LABELS[method], *cells])
         blocks += [f"### Against {LABELS[baseline]}", _table(["method", *(names[m] for m in metrics)], rows)]
+        if baseline == "grpo":
+            blocks.append(f"![Pass@1 against Pass@16, one point per run]({frontier_plot})")
         if baseline == "grpo" and equal_seconds(results):
             reached = goal(results, found)
             blocks.append(
