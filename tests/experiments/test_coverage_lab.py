@@ -63,7 +63,7 @@ def test_the_report_says_unavailable_when_the_load_average_is(monkeypatch, tmp_p
     assert load_average() is None
     results = json.loads((REPO / "docs" / "lab" / "results.json").read_text())
     results["machine"]["load_average_at_start"] = None
-    plots = {name: tmp_path / "lab" / name for name in ("pass_at_k", "curves", "json")}
+    plots = {name: tmp_path / "lab" / name for name in ("pass_at_k", "frontier", "curves", "json")}
     assert "(load average unavailable at the start)" in render_markdown(results, tmp_path / "lab.md", plots)
 
 
