@@ -27,7 +27,10 @@ from refs import convert_refs, resolver  # noqa: E402
 log = logging.getLogger("mkdocs.plugins.trl_es_docs")
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_REPORTS = {name: ROOT / "docs" / name for name in ("lab.md", "lab_seconds.md", "ablation.md", "rubric_lab.md", "rubric_lab_methods.md")}
+LAB_REPORTS = {
+    name: ROOT / "docs" / name
+    for name in ("lab.md", "lab_seconds.md", "ablation.md", "rubric_lab.md", "rubric_lab_methods.md")
+}
 CLI_MARKER = "<!-- cli-reference -->"
 FENCE = re.compile(r"^(```|~~~)")
 
