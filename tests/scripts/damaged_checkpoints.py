@@ -18,4 +18,7 @@ DAMAGES = {
     "reference.safetensors": lambda c: _truncate(c / "es_state" / "reference.safetensors"),
     "scheduler.pt": lambda c: _truncate(c / "scheduler.pt"),
     "holds a list": lambda c: (c / "es_state" / "es_state.json").write_text("[1, 2]"),
+    # Files gone, as a crash between two writes leaves them (issue 27): `training_args.bin` is not weights.
+    "holds no model weights": lambda c: (c / "model.safetensors").unlink(),
+    "scheduler.pt is missing": lambda c: (c / "scheduler.pt").unlink(),
 }

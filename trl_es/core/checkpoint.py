@@ -26,6 +26,7 @@ from .guards import check_finite_tensors
 
 ES_STATE_DIR = "es_state"
 MASTER_FILE = "master.safetensors"
+SCHEDULER_FILE = "scheduler.pt"  # the Trainer's, beside its optimizer state
 REFERENCE_FILE = "reference.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"  # the state of `ESConfig.es_optimizer` (empty for plain ES)
 META_FILE = "es_state.json"
@@ -155,6 +156,11 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
                 "only the weights; train with save_only_model=False to resume), or the save did not finish"
             )
         problem = _es_state_problem(state_dir)
+    if problem is None and not (path / SCHEDULER_FILE).is_file():
+        # Without it the Trainer resumes silently with the learning-rate schedule restarted (issue 27).
+        return (
+            f"{SCHEDULER_FILE} is missing (the save did not finish): a resume would restart the learning-rate schedule"
+        )
     if problem is None:
         for trainer_file in sorted([*path.glob("*.pt"), *path.glob("*.pth")]):
             try:
@@ -218,8 +224,10 @@ def _safetensors_problem(path: Path) -> str | None:
 def _model_files_problem(path: Path) -> str | None:
     present = [name for name in MODEL_FILES if (path / name).is_file()]
     if not present:
-        if any(path.glob("*.bin")):
-            return None  # weights saved with save_safetensors=False: the Trainer reads them itself
+        # Weights saved with save_safetensors=False, which the Trainer reads itself; not `training_args.bin`, which
+        # every checkpoint holds (issue 27: a checkpoint without its weights counted as complete).
+        if any(path.glob("pytorch_model*.bin")) or (path / "adapter_model.bin").is_file():
+            return None
         return f"it holds no model weights (none of {', '.join(MODEL_FILES)})"
     for name in present:
         if name.endswith(".json"):
