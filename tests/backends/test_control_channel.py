@@ -47,3 +47,16 @@ def test_the_trainer_takes_its_file_then_the_environment_then_the_servers_defaul
     assert trainer_secret(None, 8123) == ("s" * 40, f"${SECRET_ENV}")
     given = write_new_secret(tmp_path / "given")
     assert trainer_secret(str(tmp_path / "given"), 8123) == (given, str(tmp_path / "given"))
+
+
+def test_a_short_secret_in_the_environment_is_refused_by_trainer_and_server(tmp_path, monkeypatch):
+    """Issue 27: a one-character TRL_ES_SERVER_SECRET was accepted (a secret file needed 16)."""
+    from trl_es.backends.vllm_control import server_secret
+    from trl_es.cli.vllm_serve import prepare_secret
+
+    monkeypatch.setenv(SECRET_ENV, "x")
+    for read in (lambda: trainer_secret(None, 8123), server_secret, lambda: prepare_secret(None)):
+        with pytest.raises(SecretError, match=rf"\${SECRET_ENV} is 1 characters long; use at least 16"):
+            read()
+    monkeypatch.setenv(SECRET_ENV, "s" * 16)
+    assert trainer_secret(None, 8123) == ("s" * 16, f"${SECRET_ENV}") and server_secret() == "s" * 16

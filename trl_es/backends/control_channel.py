@@ -74,9 +74,26 @@ def read_secret(path: str | Path) -> str:
                 "delete it and restart `trl-es vllm-serve` to write a new one."
             )
         secret = file.read().strip()
-    if len(secret) < 16:
-        raise SecretError(f"The control secret in {path} is {len(secret)} characters long; use at least 16.")
+    return checked_secret(secret, str(path))
+
+
+MIN_SECRET_LENGTH = 16
+
+
+def checked_secret(secret: str, origin: str) -> str:
+    """`secret`, refused when it is too short to resist guessing (`origin` says where it came from)."""
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise SecretError(
+            f"The control secret in {origin} is {len(secret)} characters long; use at least {MIN_SECRET_LENGTH} "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)."
+        )
     return secret
+
+
+def env_secret() -> str | None:
+    """The secret in `TRL_ES_SERVER_SECRET` (checked), or None when it is unset or empty."""
+    secret = os.environ.get(SECRET_ENV)
+    return checked_secret(secret, f"${SECRET_ENV}") if secret else None
 
 
 def trainer_secret(secret_file: str | None, port: int) -> tuple[str, str]:
@@ -84,7 +101,7 @@ def trainer_secret(secret_file: str | None, port: int) -> tuple[str, str]:
     server's default file for `port`."""
     if secret_file:
         return read_secret(secret_file), str(Path(secret_file).expanduser())
-    if os.environ.get(SECRET_ENV):
-        return os.environ[SECRET_ENV], f"${SECRET_ENV}"
+    if env_secret():
+        return env_secret(), f"${SECRET_ENV}"
     path = default_secret_file(port)
     return read_secret(path), str(path)

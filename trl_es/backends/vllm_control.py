@@ -24,6 +24,7 @@ from .control_channel import (
     SECRET_ENV,
     SECRET_FILE_ENV,
     SecretError,
+    env_secret,
     read_secret,
 )
 
@@ -32,8 +33,8 @@ MAX_BODY_BYTES = 16 * 2**20  # an `es_init` names every evolving parameter; noth
 
 def server_secret() -> str:
     """The secret `trl-es vllm-serve` handed to this process (the value itself, or the file that holds it)."""
-    if os.environ.get(SECRET_ENV):
-        return os.environ[SECRET_ENV]
+    if env_secret():
+        return env_secret()
     if os.environ.get(SECRET_FILE_ENV):
         return read_secret(os.environ[SECRET_FILE_ENV])
     raise SecretError(

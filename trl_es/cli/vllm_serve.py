@@ -24,6 +24,7 @@ from ..backends.control_channel import (
     SECRET_ENV,
     SECRET_FILE_ENV,
     default_secret_file,
+    env_secret,
     read_secret,
     write_new_secret,
 )
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def prepare_secret(args: argparse.Namespace) -> str | None:
     """Make sure the secret exists; returns the file that holds it (None when it comes from `TRL_ES_SERVER_SECRET`)."""
-    if os.environ.get(SECRET_ENV):
+    if env_secret():  # refuses one too short to resist guessing
         return None
     if args.secret_file and Path(args.secret_file).expanduser().exists():
         read_secret(args.secret_file)  # refuses a file others can read
