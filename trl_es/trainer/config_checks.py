@@ -138,8 +138,12 @@ def _check_sigma_changes(config) -> None:
         )
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _positive_finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return _number(value) and value > 0
 
 
 def _check_numbers_the_update_uses(config) -> None:
@@ -195,6 +199,17 @@ def _check_seeds_and_lengths(config) -> None:
 def _check_generation(config) -> None:
     if config.temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {config.temperature!r}.")
+    # Out of range, each was accepted and left to the backend (issue 27: top_p=5 trained silently)
+    if not (_number(config.top_p) and 0 < config.top_p <= 1):
+        raise ValueError(f"top_p must be a number in (0, 1] (1 keeps every token), got {config.top_p!r}.")
+    if config.min_p is not None and not (_number(config.min_p) and 0 <= config.min_p <= 1):
+        raise ValueError(f"min_p must be a number in [0, 1] or None, got {config.min_p!r}.")
+    if not (isinstance(config.top_k, int) and not isinstance(config.top_k, bool) and config.top_k >= -1):
+        raise ValueError(f"top_k must be an integer >= 0 (0 or -1 keep every token), got {config.top_k!r}.")
+    if not (_number(config.repetition_penalty) and config.repetition_penalty > 0):
+        raise ValueError(
+            f"repetition_penalty must be a number > 0 (1 changes nothing), got {config.repetition_penalty!r}."
+        )
     eval_ks = config.eval_ks
     if eval_ks is not None and (not eval_ks or any(not isinstance(k, int) or k < 1 for k in eval_ks)):
         raise ValueError(f"eval_ks must be a non-empty list of integers >= 1 (e.g. [1, 4, 16]), got {eval_ks!r}.")
