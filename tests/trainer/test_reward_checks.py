@@ -27,6 +27,14 @@ def test_a_reward_of_the_wrong_type_is_named(output, message):
         check_reward_output("my_reward", output)
 
 
+def test_a_reward_too_large_for_a_float_is_named_with_the_fix():
+    """Issue 27: `10**400` gave a bare OverflowError from deep inside the conversion."""
+    with pytest.raises(
+        ValueError, match=r"'my_reward' returned 1000.* for completion 1, which is too large for a float"
+    ):
+        check_reward_output("my_reward", [0.0, 10**400])
+
+
 @pytest.mark.parametrize(
     "output", [[1.0, None, 0], (True, 2.5), np.array([0.5, 1.0]), torch.tensor([0.5, 1.0]), [np.float32(1.0)]]
 )

@@ -26,7 +26,16 @@ def check_reward_output(name: str, output) -> None:
             "`return [1.0 if is_correct(c) else 0.0 for c in completions]`."
         )
     for index, reward in enumerate(output):
-        if reward is not None and _as_number(reward) is None:
+        if reward is None:
+            continue
+        try:
+            number = _as_number(reward)
+        except OverflowError:  # an int beyond float range, e.g. 10**400 (issue 27: a bare OverflowError)
+            raise ValueError(
+                f"The reward function {name!r} returned {short_repr(reward)} for completion {index}, which is too "
+                "large for a float: return rewards of a sensible scale (e.g. in [0, 1])."
+            ) from None
+        if number is None:
             raise TypeError(
                 f"The reward function {name!r} returned {short_repr(reward)} (a {type(reward).__name__}) for "
                 f"completion {index}; each reward must be a number, or None for no score."
