@@ -112,3 +112,31 @@ def test_a_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model
     datasets = {"train_dataset": prompts, split: questions}
     with pytest.raises(ValueError, match=rf"{split} has no 'prompt' column \(its columns: \['question'\]\).*rename"):
         ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), **datasets)
+
+
+def test_an_iterable_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model_path, make_config):
+    """Issue 27: an IterableDataset whose features are unknown failed at step 1 with a KeyError."""
+    from datasets import IterableDataset
+
+    def questions():
+        for k in range(8):
+            yield {"question": f"Item {k}:"}
+
+    stream = IterableDataset.from_generator(questions)
+    assert stream.column_names is None  # the features are unknown until an example is read
+    with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column \(its columns: \['question'\]\)"):
+        ESTrainer(
+            model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(max_steps=1), train_dataset=stream
+        )
+
+
+@pytest.mark.parametrize("empty", ["", []])
+def test_an_empty_prompt_or_conversation_is_refused_naming_it(tiny_model_path, make_config, empty):
+    """Issue 27: an empty prompt or conversation gave an IndexError."""
+    prompts = [f"Item {k}:" for k in range(8)] if empty == "" else [[{"role": "user", "content": "Hi"}]] * 8
+    prompts[2] = empty
+    dataset = Dataset.from_dict({"prompt": prompts})
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(max_steps=2),
+                        train_dataset=dataset)  # fmt: skip  (two steps of 4 prompts: every prompt is met)
+    with pytest.raises(ValueError, match=r"Prompts \[\d\] of this batch are empty .*every prompt needs text"):
+        trainer.train()

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from accelerate.utils import is_peft_model
+from datasets import IterableDataset
 from trl import GRPOConfig
 
 from .es_config import ESConfig
@@ -67,7 +68,11 @@ def check_prompt_column(dataset, name: str) -> None:
         for key, split in dataset.items():
             check_prompt_column(split, f"{name}[{key!r}]")
         return
-    columns = getattr(dataset, "column_names", None)  # None for an iterable dataset whose features are unknown
+    columns = getattr(dataset, "column_names", None)
+    if columns is None and isinstance(dataset, IterableDataset):
+        # An iterable dataset whose features are unknown: its first example says (issue 27: a KeyError at step 1)
+        first = next(iter(dataset), None)
+        columns = list(first) if isinstance(first, dict) else None
     if columns is not None and "prompt" not in columns:
         raise ValueError(
             f"{name} has no 'prompt' column (its columns: {columns}). ESTrainer, like GRPOTrainer, reads each "

@@ -18,7 +18,14 @@ def tokenize_prompts(
     processing_class, prompts: list, chat_template: str | None = None, chat_template_kwargs: dict | None = None
 ) -> list[list[int]]:
     """Token ids of each prompt: conversations through the chat template with the generation prompt, plain text
-    through the tokenizer."""
+    through the tokenizer. An empty prompt or conversation is refused by index (it has nothing to continue)."""
+    empty = [index for index, prompt in enumerate(prompts) if prompt is None or len(prompt) == 0]
+    if empty:
+        raise ValueError(
+            f"Prompts {empty[:10]} of this batch are empty ({prompts[empty[0]]!r}): every prompt needs text, or a "
+            "conversation with at least one message. Filter them out, e.g. "
+            "`dataset = dataset.filter(lambda row: len(row['prompt']) > 0)`."
+        )
     if is_conversational({"prompt": prompts[0]}):
         tokenized = processing_class.apply_chat_template(
             conversation=prompts,
