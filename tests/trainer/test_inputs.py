@@ -136,7 +136,7 @@ def test_an_empty_prompt_or_conversation_is_refused_naming_it(tiny_model_path, m
     prompts = [f"Item {k}:" for k in range(8)] if empty == "" else [[{"role": "user", "content": "Hi"}]] * 8
     prompts[2] = empty
     dataset = Dataset.from_dict({"prompt": prompts})
-    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(max_steps=2),
-                        train_dataset=dataset)  # fmt: skip  (two steps of 4 prompts: every prompt is met)
+    config = make_config(max_steps=2)  # two steps of 4 prompts: every prompt is met
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=dataset)
     with pytest.raises(ValueError, match=r"Prompts \[\d\] of this batch are empty .*every prompt needs text"):
         trainer.train()
