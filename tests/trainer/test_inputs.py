@@ -140,3 +140,18 @@ def test_an_empty_prompt_or_conversation_is_refused_naming_it(tiny_model_path, m
     trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=dataset)
     with pytest.raises(ValueError, match=r"Prompts \[\d\] of this batch are empty .*every prompt needs text"):
         trainer.train()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("sigma", -1.0, "sigma must be a finite number > 0, got -1.0"), ("learning_rate", float("inf"), "got inf")],
+)
+def test_a_field_changed_after_construction_is_checked_when_training_starts(
+    tiny_model_path, prompts, make_config, field, value, message
+):
+    """Issue 27: `sigma` and `learning_rate` set on `trainer.args` after construction were not re-checked."""
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=make_config(), train_dataset=prompts)
+    setattr(trainer.args, field, value)
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0

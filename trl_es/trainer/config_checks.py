@@ -37,6 +37,14 @@ def check_before_grpo(config) -> None:
     import_function(config.eval_answer_extractor, "eval_answer_extractor")  # fails now, not at the first evaluation
 
 
+def check_again_at_train(config) -> None:
+    """The ES fields' checks once more when training starts: a field set after construction (`trainer.args.sigma =
+    ...`) is checked like one given to the constructor (issue 27: it was not checked at all)."""
+    _check_es_fields(config)
+    _check_numbers_the_update_uses(config)
+    _check_seeds_and_lengths(config)
+
+
 def check_after_grpo(config) -> None:
     """The checks that need the launch: processes and DeepSpeed, and the backend combinations they allow."""
     if config.deepspeed_plugin is not None:

@@ -47,6 +47,7 @@ from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
 from . import evaluation, hub, kl_probe, resume, step_logging
+from .config_checks import check_again_at_train
 from .divergence import (
     StepCounters,
     degenerate_steps_warning,
@@ -427,6 +428,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         """As [`~transformers.Trainer.train`], resuming only from a checkpoint whose files all parse:
         `resume_from_checkpoint=True` picks the last such checkpoint, skipping (with a warning) any that a crash or a
         full disk left half-written, and a named checkpoint that is not complete is refused with the reason."""
+        check_again_at_train(self.args)
         resume_from_checkpoint = resume.resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
         self._population = self._reference = self._resumed = self._kl_probe = None
