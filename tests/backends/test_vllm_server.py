@@ -322,6 +322,24 @@ def test_the_worker_resumes_from_no_hub_id_and_opens_no_connection(tiny_model_pa
     assert connections == []
 
 
+def test_a_file_link_in_the_checkpoint_dir_leading_out_of_it_is_refused(tmp_path, tiny_model_path, checkpoint_root,
+                                                                         monkeypatch):  # fmt: skip
+    """Issue 27: only the checkpoint folder's path was resolved, so `es_state/master.safetensors` linking to a file
+    outside `--checkpoint_dir` was read."""
+    worker, names = standin_worker(tiny_model_path)
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(checkpoint_root))
+    checkpoint = checkpoint_root / "linked" / "checkpoint-1"
+    (checkpoint / "es_state").mkdir(parents=True)
+    outside = tmp_path / "elsewhere.safetensors"
+    outside.write_bytes(b"not the run's master")
+    (checkpoint / "es_state" / "master.safetensors").symlink_to(outside)
+    refusal = worker.es_init("run", names, "float32", "0.05", str(checkpoint))
+    assert refusal["error"] == "checkpoint_refused", refusal
+    assert (
+        "master.safetensors" in refusal["message"] and "outside this server's --checkpoint_dir" in refusal["message"]
+    )
+
+
 @pytest.mark.slow
 def test_a_plain_vllm_server_without_the_extension_is_refused(tmp_path, tiny_model_path):
     def command(port):

@@ -97,7 +97,22 @@ def _resume_checkpoint(resume_from: str) -> Path:
             f"{root}. Resume from a checkpoint under it, or restart the server with --checkpoint_dir set to the "
             "folder that holds the trainer's checkpoints (its output_dir). The server never downloads checkpoints.",
         )
-    return Path(real)
+    return _refuse_links_out(Path(real), real_root, root)
+
+
+def _refuse_links_out(checkpoint: Path, real_root: str, root: str) -> Path:
+    """`checkpoint`, once no file the worker reads from it is a link that leads out of `--checkpoint_dir` (issue 27:
+    only the folder's path was resolved, so a file symlink inside it escaped)."""
+    read = [*checkpoint.glob("*.safetensors"), *(checkpoint / ES_STATE_DIR).glob("*")]
+    for file in read:
+        real = os.path.realpath(file)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise Refused(
+                "checkpoint_refused",
+                f"{file} in the checkpoint the trainer resumes from leads to {real}, outside this server's "
+                f"--checkpoint_dir {root}. Resume from a checkpoint whose files lie under it.",
+            )
+    return checkpoint
 
 
 def _read(files: list[Path]) -> dict[str, torch.Tensor]:
