@@ -112,6 +112,31 @@ def test_an_interrupted_sequence_skips_finished_stages_and_resumes_the_running_o
     assert Path(tmp_path / "run" / "stage-1-es" / "final" / "model.safetensors").is_file()
 
 
+def test_a_crash_while_a_stage_saves_its_final_model_leaves_the_stage_to_run_again(tmp_path, tiny_model_path,
+                                                                                     monkeypatch):  # fmt: skip
+    """Issue 27, point 3: `final/config.json` was written before the weights, and the stage counted as finished once it
+    existed, so a crash between the two left a sequence that could not resume. Now `final/` appears whole or not."""
+    from transformers import PreTrainedTokenizerBase
+
+    def sequence():
+        return SequentialTrainer(model=tiny_model_path, stages=[fast_es_config(tmp_path, max_steps=2, **MOVING)],
+                                 output_dir=tmp_path / "run", reward_funcs=digit_fraction,
+                                 train_dataset=digit_prompts(8))  # fmt: skip
+
+    def crash(self, *args, **kwargs):
+        raise RuntimeError("killed while saving the tokenizer")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PreTrainedTokenizerBase, "save_pretrained", crash)
+        with pytest.raises(RuntimeError, match="killed while saving"):
+            sequence().train()
+    stage = tmp_path / "run" / "stage-0-es"
+    assert (stage / "final.partial" / "model.safetensors").is_file() and not (stage / "final").exists()
+    final = sequence().train()  # the stage runs again and its final model is whole
+    assert final == stage / "final" and (final / "model.safetensors").is_file()
+    assert (final / "tokenizer_config.json").is_file() and not (stage / "final.partial").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_two_colocated_vllm_stages_run_one_after_the_other_in_one_process(tmp_path, tiny_model_path):

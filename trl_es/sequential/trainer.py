@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -252,10 +253,7 @@ class SequentialTrainer:
             **shared,
         )
         trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
-        trainer.save_model(str(self.final_model(index)))
-        if trainer.accelerator.is_main_process:
-            trainer.processing_class.save_pretrained(str(self.final_model(index)))
-        trainer.accelerator.wait_for_everyone()
+        self._save_final_model(trainer, self.final_model(index))
         trainer.accelerator.free_memory()  # drops the prepared model and optimizer, destroys a DeepSpeed engine
         release_vllm_engine(trainer)  # now, not whenever the trainer is collected: the next stage may start its own
         reset_accelerator_state()  # the next stage's Accelerator takes its own DeepSpeed plugin and precision
@@ -278,6 +276,22 @@ class SequentialTrainer:
             building.rename(saved)  # a crash while building leaves no half-written dataset behind
         state.wait_for_everyone()
         return load_from_disk(str(saved))
+
+    @staticmethod
+    def _save_final_model(trainer, final: Path) -> None:
+        """Write the stage's model and tokenizer to `final/` all at once: into a sibling folder first, renamed when
+        complete, so that a crash mid-save leaves no `final/` that counts the stage as finished (issue 27: a `final/`
+        with its config but no weights could not be resumed)."""
+        partial = final.with_name(final.name + ".partial")
+        if trainer.accelerator.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)  # a crash's leftover
+        trainer.accelerator.wait_for_everyone()
+        trainer.save_model(str(partial))
+        if trainer.accelerator.is_main_process:
+            trainer.processing_class.save_pretrained(str(partial))
+            shutil.rmtree(final, ignore_errors=True)  # what an older version left half-written
+            os.replace(partial, final)
+        trainer.accelerator.wait_for_everyone()
 
     def _resume_point(self, index: int, stage: Stage) -> str | None:
         if stage.method == "es":
