@@ -210,6 +210,26 @@ def read_results(output_dir: Path) -> dict:
 # Reports: Markdown tables, links, plot axes
 
 
+def compared(values, baseline=None, draws: int = 2000, seed: int = 0) -> dict:
+    """A lab's cell of `(runs, problems)` values: their two-level bootstrap `interval` and, against `baseline` (the
+    same runs' and problems' values of another method), the paired `difference` with the sign-flip `p` over problems
+    of the per-problem difference averaged over runs (`trl_es.evaluation.intervals`)."""
+    from trl_es.evaluation.intervals import bootstrap_interval, paired_interval, sign_flip_p_value
+
+    found = {"interval": bootstrap_interval(values, draws, seed).as_dict()}
+    if baseline is not None:
+        found["difference"] = paired_interval(values, baseline, draws, seed).as_dict()
+        found["difference"]["p"] = sign_flip_p_value((values - baseline).mean(axis=0), draws, seed)
+    return found
+
+
+def interval_cell(stat: dict, signed: bool = False) -> str:
+    """An interval as a table cell: `0.467 [0.431, 0.503]`, signed (`+0.078 [+0.040, +0.110]`) for a difference."""
+    sign = "+" if signed else ""
+    low, high = stat["ci"]
+    return f"{stat['mean']:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
+
+
 def p_value(p: float) -> str:
     """`p=0.012`, or `p<0.001` below what three decimals show."""
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"

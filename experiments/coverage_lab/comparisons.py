@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trl_es.evaluation.intervals import bootstrap_interval, paired_interval, sign_flip_p_value
+from experiments.harness import compared
 from trl_es.evaluation.metrics import pass_at_k
 
 COMPARED_KS = (1, 4, 16)
@@ -53,13 +53,8 @@ def comparisons(results: dict, baseline: str, seed: int = 0) -> dict[str, dict[s
     for method in results["runs"]:
         found[method] = {}
         for metric in metrics_compared(results):
-            values = method_values(results, method, metric)
-            entry = {"interval": bootstrap_interval(values, DRAWS, seed).as_dict()}
-            if method != baseline:
-                base = method_values(results, baseline, metric)
-                entry["difference"] = paired_interval(values, base, DRAWS, seed).as_dict()
-                entry["difference"]["p"] = sign_flip_p_value((values - base).mean(axis=0), DRAWS, seed)
-            found[method][metric] = entry
+            base = method_values(results, baseline, metric) if method != baseline else None
+            found[method][metric] = compared(method_values(results, method, metric), base, DRAWS, seed)
     return found
 
 

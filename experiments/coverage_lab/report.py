@@ -14,7 +14,16 @@ from experiments.coverage_lab.comparisons import COMPARED_KS, comparisons, goal,
 from experiments.coverage_lab.plots import plot_frontier, plot_pass_at_k_with_spread, plot_reward_curves
 from experiments.coverage_lab.settings import LABELS, MAJ_KS, SPARSITY_PERCENTS
 from experiments.coverage_lab.summary import method_metrics
-from experiments.harness import RESULTS_FILE, cell, markdown_table, p_value, read_results, relative_link, spread
+from experiments.harness import (
+    RESULTS_FILE,
+    cell,
+    interval_cell,
+    markdown_table,
+    p_value,
+    read_results,
+    relative_link,
+    spread,
+)
 from trl_es.demo.run import DEMO
 
 PASS_KS = (1, 2, 4, 8, 16)  # the Pass@k columns of the results table
@@ -227,7 +236,7 @@ def comparisons_section(results: dict, frontier_plot: str) -> list[str]:
         found = comparisons(results, baseline)
         rows = []
         for method, by_metric in found.items():
-            cells = [f"{_interval(by_metric[m]['interval'])}" for m in metrics]
+            cells = [f"{interval_cell(by_metric[m]['interval'])}" for m in metrics]
             if method != baseline:
                 cells = [
                     f"{c}<br>Δ {_difference(by_metric[m]['difference'])}" for c, m in zip(cells, metrics, strict=True)
@@ -247,13 +256,7 @@ def comparisons_section(results: dict, frontier_plot: str) -> list[str]:
 
 
 def _difference(stat: dict) -> str:
-    return f"{_interval(stat, signed=True)} {p_value(stat['p'])}"
-
-
-def _interval(stat: dict, signed: bool = False) -> str:
-    sign = "+" if signed else ""
-    low, high = stat["ci"]
-    return f"{stat['mean']:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
+    return f"{interval_cell(stat, signed=True)} {p_value(stat['p'])}"
 
 
 def per_seed_section(results: dict) -> list[str]:

@@ -13,8 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from experiments.es_ablation.settings import DEFAULT, KNOBS, PASS_KS
-from experiments.harness import RESULTS_FILE, finish_axes, markdown_table, p_value, read_results, relative_link
-from trl_es.evaluation.intervals import bootstrap_interval, paired_interval, sign_flip_p_value
+from experiments.harness import (
+    RESULTS_FILE,
+    compared,
+    finish_axes,
+    interval_cell,
+    markdown_table,
+    p_value,
+    read_results,
+    relative_link,
+)
 from trl_es.evaluation.metrics import pass_at_k
 
 
@@ -65,13 +73,10 @@ def measurements(results: dict) -> dict:
     for variant in results["runs"]:
         measured[variant] = {}
         for metric in metrics_of(results):
-            found = {"interval": bootstrap_interval(values(variant, metric), draws).as_dict()}
-            if variant != DEFAULT:
-                difference = values(variant, metric) - values(DEFAULT, metric)
-                found["vs_default"] = paired_interval(
-                    values(variant, metric), values(DEFAULT, metric), draws
-                ).as_dict()
-                found["vs_default"]["p"] = sign_flip_p_value(difference.mean(axis=0), draws)
+            default = values(DEFAULT, metric) if variant != DEFAULT else None
+            found = compared(values(variant, metric), default, draws)
+            if "difference" in found:
+                found["vs_default"] = found.pop("difference")
             measured[variant][metric] = found
     return measured
 
@@ -89,26 +94,25 @@ def below_default(found: dict) -> bool:
 # Markdown
 
 
-def _cell(stat: dict, signed: bool = False) -> str:
-    sign = "+" if signed else ""
-    low, high = stat["ci"]
-    return f"{stat['mean']:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
-
-
 def _difference_cell(found: dict) -> str:
     if "vs_default" not in found:
         return "—"
     difference = found["vs_default"]
     marker = " ▲" if beats_default(found) else " ▼" if below_default(found) else ""
-    return f"{_cell(difference, signed=True)} {p_value(difference['p'])}{marker}"
+    return f"{interval_cell(difference, signed=True)} {p_value(difference['p'])}{marker}"
 
 
 def variant_rows(results: dict, measured: dict, variants: list[str]) -> list[list[str]]:
     rows = []
     for variant in variants:
         spec, found = results["variants"][variant], measured[variant]
-        row = [spec["label"], str(spec["steps"]), _cell(found["train"]["interval"]), _difference_cell(found["train"])]
-        row += [_cell(found["greedy"]["interval"]), _difference_cell(found["greedy"])]
+        row = [
+            spec["label"],
+            str(spec["steps"]),
+            interval_cell(found["train"]["interval"]),
+            _difference_cell(found["train"]),
+        ]
+        row += [interval_cell(found["greedy"]["interval"]), _difference_cell(found["greedy"])]
         row += [_difference_cell(found[metric]) for metric in metrics_of(results)[2:]]
         rows.append(row)
     return rows
@@ -135,7 +139,7 @@ def knob_reading(results: dict, measured: dict, knob: str, variants: list[str]) 
         + (
             "(the default)."
             if pick == DEFAULT
-            else f"({_cell(train['vs_default'], signed=True)} against the default, "
+            else f"({interval_cell(train['vs_default'], signed=True)} against the default, "
             + ("beyond its interval)." if beats_default(train) else "within its interval).")
         )
     ]
@@ -145,7 +149,8 @@ def knob_reading(results: dict, measured: dict, knob: str, variants: list[str]) 
         sentences.append(
             "Held out, "
             + ", ".join(
-                f"{label[v]} beats the default ({_cell(measured[v]['greedy']['vs_default'], True)})" for v in better
+                f"{label[v]} beats the default ({interval_cell(measured[v]['greedy']['vs_default'], True)})"
+                for v in better
             )
             + " at greedy accuracy, by more than the interval."
         )
@@ -154,11 +159,11 @@ def knob_reading(results: dict, measured: dict, knob: str, variants: list[str]) 
     if worse:
         sentences.append(
             "Below the default beyond the interval: "
-            + ", ".join(f"{label[v]} ({_cell(measured[v]['greedy']['vs_default'], True)})" for v in worse)
+            + ", ".join(f"{label[v]} ({interval_cell(measured[v]['greedy']['vs_default'], True)})" for v in worse)
             + "."
         )
     coverage = [
-        f"{label[v]} at {metric.replace('pass', 'Pass')} ({_cell(measured[v][metric]['vs_default'], True)})"
+        f"{label[v]} at {metric.replace('pass', 'Pass')} ({interval_cell(measured[v][metric]['vs_default'], True)})"
         for v in variants
         if v != DEFAULT
         for metric in metrics_of(results)[3:]
@@ -218,9 +223,14 @@ def default_coverage(results: dict, measured: dict) -> str:
     """The default's own held-out numbers, which the Δ columns are differences from."""
     found = measured[DEFAULT]
     cells = [
-        f"{metric.replace('pass', 'Pass')} {_cell(found[metric]['interval'])}" for metric in metrics_of(results)[2:]
+        f"{metric.replace('pass', 'Pass')} {interval_cell(found[metric]['interval'])}"
+        for metric in metrics_of(results)[2:]
     ]
-    return f"The default's held-out greedy accuracy is {_cell(found['greedy']['interval'])}; " + ", ".join(cells) + "."
+    return (
+        f"The default's held-out greedy accuracy is {interval_cell(found['greedy']['interval'])}; "
+        + ", ".join(cells)
+        + "."
+    )
 
 
 def summary_section(results: dict, measured: dict, variants: list[str]) -> str:
@@ -236,7 +246,7 @@ def summary_section(results: dict, measured: dict, variants: list[str]) -> str:
     )
     return (
         f"## What the ablation chose\n\nOn training-problem accuracy the best of all variants is **{label[pick]}** "
-        f"({_cell(measured[pick]['train']['interval'])}). {verdict}"
+        f"({interval_cell(measured[pick]['train']['interval'])}). {verdict}"
     )
 
 
