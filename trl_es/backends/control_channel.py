@@ -101,7 +101,8 @@ def trainer_secret(secret_file: str | None, port: int) -> tuple[str, str]:
     server's default file for `port`."""
     if secret_file:
         return read_secret(secret_file), str(Path(secret_file).expanduser())
-    if env_secret():
-        return env_secret(), f"${SECRET_ENV}"
+    secret = env_secret()
+    if secret:
+        return secret, f"${SECRET_ENV}"
     path = default_secret_file(port)
     return read_secret(path), str(path)

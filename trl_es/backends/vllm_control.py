@@ -33,8 +33,9 @@ MAX_BODY_BYTES = 16 * 2**20  # an `es_init` names every evolving parameter; noth
 
 def server_secret() -> str:
     """The secret `trl-es vllm-serve` handed to this process (the value itself, or the file that holds it)."""
-    if env_secret():
-        return env_secret()
+    secret = env_secret()
+    if secret:
+        return secret
     if os.environ.get(SECRET_FILE_ENV):
         return read_secret(os.environ[SECRET_FILE_ENV])
     raise SecretError(

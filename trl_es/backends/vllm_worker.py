@@ -90,7 +90,7 @@ def _resume_checkpoint(resume_from: str) -> Path:
             "--checkpoint_dir. Restart it with `trl-es vllm-serve ... --checkpoint_dir <the trainer's output_dir>`.",
         )
     real, real_root = os.path.realpath(resume_from), os.path.realpath(root)
-    if os.path.commonpath([real, real_root]) != real_root or not os.path.isdir(real):
+    if not _lies_under(real, real_root) or not os.path.isdir(real):
         raise Refused(
             "checkpoint_refused",
             f"The trainer resumes from {resume_from}, which is not a folder under this server's --checkpoint_dir "
@@ -106,13 +106,18 @@ def _refuse_links_out(checkpoint: Path, real_root: str, root: str) -> Path:
     read = [*checkpoint.glob("*.safetensors"), *(checkpoint / ES_STATE_DIR).glob("*")]
     for file in read:
         real = os.path.realpath(file)
-        if os.path.commonpath([real, real_root]) != real_root:
+        if not _lies_under(real, real_root):
             raise Refused(
                 "checkpoint_refused",
                 f"{file} in the checkpoint the trainer resumes from leads to {real}, outside this server's "
                 f"--checkpoint_dir {root}. Resume from a checkpoint whose files lie under it.",
             )
     return checkpoint
+
+
+def _lies_under(real: str, real_root: str) -> bool:
+    """Whether the resolved path `real` is `real_root` or inside it."""
+    return os.path.commonpath([real, real_root]) == real_root
 
 
 def _read(files: list[Path]) -> dict[str, torch.Tensor]:
