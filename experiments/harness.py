@@ -214,12 +214,12 @@ def compared(values, baseline=None, draws: int = 2000, seed: int = 0) -> dict:
     """A lab's cell of `(runs, problems)` values: their two-level bootstrap `interval` and, against `baseline` (the
     same runs' and problems' values of another method), the paired `difference` with the sign-flip `p` over problems
     of the per-problem difference averaged over runs (`trl_es.evaluation.intervals`)."""
-    from trl_es.evaluation.intervals import bootstrap_interval, paired_interval, sign_flip_p_value
+    from trl_es.evaluation.intervals import bootstrap_interval, paired_comparison
 
     found = {"interval": bootstrap_interval(values, draws, seed).as_dict()}
     if baseline is not None:
-        found["difference"] = paired_interval(values, baseline, draws, seed).as_dict()
-        found["difference"]["p"] = sign_flip_p_value((values - baseline).mean(axis=0), draws, seed)
+        difference, p = paired_comparison(values, baseline, draws, seed)
+        found["difference"] = {**difference.as_dict(), "p": p}
     return found
 
 

@@ -11,8 +11,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .benchmarks import BENCHMARKS, load_benchmark, math_verify_answer, math_verify_judge
 from .coverage import (
     CoverageReport,
@@ -23,7 +21,7 @@ from .coverage import (
     coverage_report,
     problems_digest,
 )
-from .intervals import DRAWS, Interval, bootstrap_interval, paired_interval, sign_flip_p_value
+from .intervals import DRAWS, Interval, bootstrap_interval, paired_comparison
 
 # Evaluation and forgetting
 
@@ -252,10 +250,7 @@ def paired_differences(
     check_pairable(base, tuned, base_name, tuned_name)
     tuned_values = tuned.per_prompt()
     return {
-        name: PairedDifference(
-            paired_interval(tuned_values[name], values, draws, seed),
-            sign_flip_p_value(np.subtract(tuned_values[name], values), draws, seed),
-        )
+        name: PairedDifference(*paired_comparison(tuned_values[name], values, draws, seed))
         for name, values in base.per_prompt().items()
     }
 

@@ -81,6 +81,14 @@ def paired_interval(tuned, base, draws: int = DRAWS, seed: int = 0) -> Interval:
     return bootstrap_interval(tuned - base, draws, seed)
 
 
+def paired_comparison(tuned, base, draws: int = DRAWS, seed: int = 0) -> tuple[Interval, float]:
+    """`tuned − base` paired: its bootstrap interval (`paired_interval`) and its sign-flip p-value over problems (for
+    `(runs, problems)` values, of the per-problem difference averaged over runs, which treats the runs as fixed)."""
+    differences = np.asarray(tuned, dtype=float) - np.asarray(base, dtype=float)
+    per_problem = differences.mean(axis=0) if differences.ndim == 2 else differences
+    return paired_interval(tuned, base, draws, seed), sign_flip_p_value(per_problem, draws, seed)
+
+
 def sign_flip_p_value(differences, draws: int = DRAWS, seed: int = 0) -> float:
     """Two-sided p-value of the paired sign-flip test that the per-problem `differences` are centred on 0.
 
