@@ -40,6 +40,20 @@ def test_an_update_that_would_overflow_float32_is_refused_naming_the_learning_ra
     assert _unchanged(master, 3e38)
 
 
+@pytest.mark.parametrize(("dtype", "limit"), [(torch.float16, r"6.55e\+04"), (torch.bfloat16, r"3.39e\+38")])
+def test_an_update_that_overflows_the_parameters_own_dtype_is_refused(dtype, limit):
+    """Issue 27: the float32 master of a float16 model stayed finite while the model's weights became infinite."""
+    parameters = {"a.weight": torch.full((3, 2), 6e4, dtype=dtype), "b.bias": torch.ones(2, dtype=dtype)}
+    master = MasterWeights(parameters, sigma=0.1)
+    lr = 1e4 if dtype == torch.float16 else 3.39e38
+    refusal = rf"update of 'a.weight' .* the parameter's {str(dtype)[6:]} holds up to {limit}"
+    with pytest.raises(NonFiniteError, match=refusal):
+        master.apply_update({1: 1.0}, lr=lr)
+    assert torch.equal(master.tensors["a.weight"], parameters["a.weight"].float())
+    master.apply_update({1: 1.0}, lr=1.0)  # a step that stays in range is taken
+    assert all(torch.isfinite(tensor.to(dtype)).all() for tensor in master.tensors.values())
+
+
 def test_an_overflow_found_partway_leaves_every_tensor_finite_and_names_the_one_that_overflowed():
     # The documented exception: tensors are stepped one at a time (the update of a whole model is not held at once),
     # so those before the overflowing one have taken their finite step; training stops and names the checkpoint.

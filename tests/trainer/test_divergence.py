@@ -50,6 +50,19 @@ def test_weights_holding_nan_are_neither_trained_nor_saved(tiny_model_path, prom
         trainer.train()
 
 
+def test_a_float16_model_whose_update_overflows_stops_at_that_step_naming_the_tensor(tiny_model_path, prompts,
+                                                                                   make_config):  # fmt: skip
+    """Issue 27: at a huge learning rate a float16 model's weights went infinite while its float32 master stayed
+    finite, and it trained three more steps (reward 0) before saving refused them."""
+    config = make_config(**{**MOVING, "learning_rate": 1e5}, max_steps=4, model_init_kwargs={"dtype": "float16"})
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    with pytest.raises(NonFiniteError, match=r"ES step 1 stopped training: the update of '[\w.]+' would make it "
+                       r"non-finite .* the parameter's float16 holds up to 6.55e\+04"):  # fmt: skip
+        trainer.train()
+    assert trainer.state.global_step == 0  # no further step ran
+    assert all(torch.isfinite(param).all() for param in trainer.model.parameters())
+
+
 def test_steps_without_an_update_direction_are_counted_and_warned_about(tiny_model_path, prompts, make_config, caplog):
     def constant(completions, **kwargs):
         return [1.0] * len(completions)

@@ -61,17 +61,29 @@ def check_update_settings(coefficients: Mapping[int, float], lr: float, weight_d
         )
 
 
-def check_step_fits(name: str, master: torch.Tensor, step: torch.Tensor, decay: float, lr: float) -> None:
-    """Refuse the step of tensor `name` unless `master * decay + step` stays finite in float32.
+def largest_finite(dtype: torch.dtype) -> float:
+    """The largest magnitude `dtype` holds: a weight beyond it is infinite once written into a parameter of that dtype
+    (float16 overflows at 65504, long before the float32 master does)."""
+    return float(torch.finfo(dtype).max) if dtype.is_floating_point else FLOAT32_MAX
+
+
+def check_step_fits(
+    name: str, master: torch.Tensor, step: torch.Tensor, decay: float, lr: float, dtype: torch.dtype = torch.float32
+) -> None:
+    """Refuse the step of tensor `name` unless `master * decay + step` stays finite in float32 and in `dtype`, the
+    dtype of the parameter the master is written into (issue 27: a float16 model overflowed while its float32 master
+    stayed finite, and trained on for three steps with infinite weights).
 
     The bound `|decay| * max|master| + max|step|` costs two reductions and no copy of the tensor; NaN in `step` fails
-    it too. It can refuse a step whose largest entries would not have met, but only at weights near float32's limit.
+    it too. It can refuse a step whose largest entries would not have met, but only at weights near the dtype's limit.
     """
+    limit = min(largest_finite(dtype), FLOAT32_MAX)
     largest = abs(decay) * float(master.abs().amax()) + float(step.abs().amax()) if master.numel() else 0.0
-    if not largest <= FLOAT32_MAX:  # NaN fails the comparison as well
+    if not largest <= limit:  # NaN fails the comparison as well
+        held_in = "float32" if limit == FLOAT32_MAX else f"the parameter's {str(dtype).removeprefix('torch.')}"
         raise NonFiniteError(
             f"the update of {name!r} would make it non-finite (largest weight after the step up to {largest:.3g}, "
-            f"float32 holds up to {FLOAT32_MAX:.3g}): learning_rate={lr} is far too large for these weights. Lower "
+            f"{held_in} holds up to {limit:.3g}): learning_rate={lr} is far too large for these weights. Lower "
             "learning_rate."
         )
 

@@ -40,6 +40,8 @@ class MasterWeights:
             name: param.detach() if share_float32 and param.dtype == torch.float32 else param.detach().float().clone()
             for name, param in parameters.items()
         }
+        # The dtype each tensor is written into: an update must stay finite there too, not only in float32.
+        self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
     def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, master + sign * sigma * eps)` one tensor at a time (float32), so the noise of a whole model
@@ -74,8 +76,8 @@ class MasterWeights:
         tensor's owner draws its direction and transforms it with its share of the optimizer state.
 
         Raises `NonFiniteError` instead of writing a non-finite value: coefficients, `lr` and the decay factor are
-        checked before any tensor changes, and each tensor's step before it is added (an overflow found there leaves
-        the tensors before it updated, all finite)."""
+        checked before any tensor changes, and each tensor's step before it is added, against float32 and the range
+        of the parameter's own dtype (an overflow found there leaves the tensors before it updated, all finite)."""
         check_update_settings(coefficients, lr, weight_decay)
         names = self.updated_names()
         self.optimizer.begin_update()
@@ -89,7 +91,7 @@ class MasterWeights:
         squared_norms = {}
         for name, step in steps:
             master, step = self.tensors[name], step.mul_(lr)
-            check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr)
+            check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr, self.parameter_dtypes[name])
             if weight_decay:
                 master.mul_(1.0 - lr * weight_decay)
             master.add_(step)
