@@ -60,6 +60,8 @@ from .grpo_conversion import neutral_grpo_loss_values
 from .inputs import as_es_config, check_datasets, check_model_fits_backend, refuse_agent_features
 from .kl_probe import KLProbe
 from .noise_scale import NoiseScale
+from .output_lock import hold_output_dir
+from .preemption import stop_on_preemption
 from .reward_checks import checked_reward_function
 from .rollouts import tokenize_prompts, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
@@ -104,6 +106,11 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     A reward of `+-inf` is an error naming the reward function and the completion (`None` or NaN mean "no score"), and
     a step that would make the weights non-finite stops training with a `NonFiniteError` naming the step, the cause
     and the last good checkpoint, before anything is applied; no NaN is ever saved.
+
+    One run at a time trains in an `output_dir`: `train` refuses a folder another live run holds, naming it. A
+    scheduler's SIGTERM (or SLURM's early SIGUSR1) ends training after the current step with a checkpoint that
+    `resume_from_checkpoint=True` resumes from; `train` then raises `TrainingPreempted`, which exits the script with
+    status 128 + the signal (143 for SIGTERM); every process stops after the same step.
 
     Example:
 
@@ -427,16 +434,22 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """As [`~transformers.Trainer.train`], resuming only from a checkpoint whose files all parse:
         `resume_from_checkpoint=True` picks the last such checkpoint, skipping (with a warning) any that a crash or a
-        full disk left half-written, and a named checkpoint that is not complete is refused with the reason."""
+        full disk left half-written, and a named checkpoint that is not complete is refused with the reason.
+
+        While it trains it holds `output_dir`'s lock (`output_lock.py`), and SIGTERM or SIGUSR1 ends it after the
+        current step with a checkpoint, raising `TrainingPreempted` (`preemption.py`)."""
         check_again_at_train(self.args)
-        resume_from_checkpoint = resume.resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        # A fresh run starts from the model's current weights; a resumed one reloads the master from the checkpoint.
-        self._population = self._reference = self._resumed = self._kl_probe = None
-        self._micro_step = 0
-        self._counters = StepCounters()
-        self._noise_scale = NoiseScale(self.args)
-        self._losses = step_logging.LossLog()
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # One run per output_dir, and a scheduler's SIGTERM or SIGUSR1 ends it after the step with a checkpoint.
+        with stop_on_preemption(self), hold_output_dir(self.args.output_dir, self.accelerator):
+            resume_from_checkpoint = resume.resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+            # A fresh run starts from the model's current weights; a resumed one reloads the master from the
+            # checkpoint.
+            self._population = self._reference = self._resumed = self._kl_probe = None
+            self._micro_step = 0
+            self._counters = StepCounters()
+            self._noise_scale = NoiseScale(self.args)
+            self._losses = step_logging.LossLog()
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best is not None and Path(best).is_dir():
             # The Trainer loaded the best checkpoint's weights into the model: the population follows it, with that
