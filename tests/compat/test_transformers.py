@@ -6,7 +6,7 @@ import inspect
 import transformers
 from transformers import Trainer
 
-from trl_es.compat.transformers import TrainerHooks
+from trl_es.compat.transformers import TrainerHooks, _UploadsIgnoring, uploads_ignoring, with_patterns
 
 TRANSFORMERS = f"transformers {transformers.__version__}"
 
@@ -36,3 +36,51 @@ def test_resuming_loads_the_optimizer_and_scheduler_through_the_hook():
     assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in inspect.getsource(Trainer), (
         f"{TRANSFORMERS} no longer resumes through Trainer._load_optimizer_and_scheduler; update TrainerHooks"
     )
+
+
+def test_the_trainer_pushes_upload_through_its_modules_hf_api():
+    """uploads_ignoring replaces `transformers.trainer.hf_api` while TrainerHooks pushes: both pushes must still upload
+    through it, with `ignore_patterns`, and `_push_from_checkpoint` must still take the checkpoint folder."""
+    import transformers.trainer as trainer_module
+
+    assert callable(getattr(trainer_module, "hf_api", None)), f"{TRANSFORMERS} has no transformers.trainer.hf_api"
+    for method in (Trainer.push_to_hub, getattr(Trainer, "_push_from_checkpoint", None)):
+        assert method is not None, f"{TRANSFORMERS} has no Trainer._push_from_checkpoint; update TrainerHooks"
+        source = inspect.getsource(method)
+        assert "hf_api().upload_folder(" in source and "ignore_patterns=" in source, (
+            f"{TRANSFORMERS} no longer uploads {method.__name__} with hf_api().upload_folder; update uploads_ignoring"
+        )
+    assert list(inspect.signature(Trainer._push_from_checkpoint).parameters) == ["self", "checkpoint_folder"]
+    assert {"push_to_hub", "_push_from_checkpoint"} <= set(vars(TrainerHooks))
+
+
+def test_uploads_ignoring_adds_its_patterns_to_the_trainers_and_restores_hf_api():
+    import transformers.trainer as trainer_module
+
+    shared = trainer_module.hf_api
+    with uploads_ignoring(["training_args.bin", "runs/"]):
+        api = trainer_module.hf_api()
+        assert api.upload_folder.__func__ is _UploadsIgnoring.upload_folder and api.patterns == [
+            "training_args.bin",
+            "runs/",
+        ]
+        assert api.endpoint == shared().endpoint  # everything else is transformers' shared HfApi
+    assert trainer_module.hf_api is shared
+    assert with_patterns(["_*", "checkpoint-*"], ["runs/"]) == ["_*", "checkpoint-*", "runs/"]
+    assert with_patterns(None, ["runs/"]) == with_patterns("runs/", ["runs/"]) == ["runs/"]
+
+
+def test_a_push_leaves_out_the_pickled_arguments_and_the_logs_unless_asked(tmp_path):
+    from huggingface_hub.utils import filter_repo_objects
+
+    from trl_es import ESConfig
+
+    files = ["model.safetensors", "training_args.bin", "runs/Dec02_host/events.out.tfevents.1.host", "last/x.json"]
+    for hub_push_logs, pushed in [
+        (False, ["model.safetensors", "last/x.json"]),
+        (True, ["model.safetensors", "runs/Dec02_host/events.out.tfevents.1.host", "last/x.json"]),
+    ]:
+        hooks = TrainerHooks()
+        hooks.args = ESConfig(str(tmp_path), hub_push_logs=hub_push_logs)
+        assert list(filter_repo_objects(files, ignore_patterns=hooks.hub_ignore_patterns())) == pushed
+    assert list(filter_repo_objects(["checkpoint-2/training_args.bin"], ignore_patterns=["*/training_args.bin"])) == []

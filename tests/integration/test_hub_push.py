@@ -5,8 +5,11 @@ pushes."""
 
 import hashlib
 import os
+import random
+import string
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,12 @@ MODEL_FILES = {
 }
 
 
+# A token for the model's loading (`model_init_kwargs`), which no saved or pushed file may hold.
+MODEL_TOKEN = "hf_" + "".join(random.Random(27).choices(string.ascii_letters, k=30))
+# The ES runs (ESTrainer) of the script, each in its folder of the work dir.
+ES_RUNS = ("es-tiny", "es-tiny-logs", "es-tiny-branch")
+
+
 @pytest.fixture(scope="module")
 def pushed(tiny_model_path, tmp_path_factory):
     """(hub, work_dir) after the script trained and pushed everything."""
@@ -33,7 +42,7 @@ def pushed(tiny_model_path, tmp_path_factory):
     with FakeHub() as hub:
         run = subprocess.run(
             [sys.executable, str(SCRIPT), tiny_model_path, str(work_dir)],
-            env={**os.environ, **hub.client_env()},
+            env={**os.environ, **hub.client_env(), "MODEL_TOKEN": MODEL_TOKEN},
             capture_output=True,
             text=True,
             timeout=600,
@@ -145,20 +154,61 @@ def test_the_sequential_command_pushes_to_its_revision_with_the_dataset_in_the_c
     assert set(hub.files(cli_repo)) == {".gitattributes"}
 
 
+def local_paths(work_dir, tiny_model_path) -> list[bytes]:
+    """The run's folders, the base model's and the temporary folder's: a file naming one would publish a local path."""
+    folders = [work_dir, Path(work_dir).resolve(), tiny_model_path, Path(tiny_model_path).resolve()]
+    return [str(folder).encode() for folder in folders] + [os.path.join(tempfile.gettempdir(), "").encode()]
+
+
 def test_no_pushed_file_holds_the_token_or_a_local_path(pushed, tiny_model_path):
     hub, work_dir = pushed
-    token = hub.token.encode()
-    # The run's folders and the base model's: a card or config naming them would publish a local path.
-    local = [str(work_dir).encode(), str(Path(tiny_model_path).resolve()).encode(), tiny_model_path.encode()]
-    for commit in hub.commits:
-        for path, content in commit.added.items():
-            assert token not in content, (commit.repo_id, path)
-            # training_args.bin is transformers' pickle of the whole ESConfig, output_dir included, as every Trainer
-            # pushes it (without the hub_token the run was given).
-            if Path(path).name != "training_args.bin":
-                assert not [folder for folder in local if folder in content], (commit.repo_id, path)
+    secrets = [hub.token.encode(), MODEL_TOKEN.encode()]
+    local = local_paths(work_dir, tiny_model_path)
+    pushed_files = [
+        (commit.repo_id, path, content) for commit in hub.commits for path, content in commit.added.items()
+    ]
+    assert len(pushed_files) > 50 and any("tfevents" in path for _, path, _ in pushed_files)
+    for repo_id, path, content in pushed_files:  # every version of every file, TensorBoard's event files included
+        assert not [secret for secret in secrets if secret in content], (repo_id, path)
+        assert not [folder for folder in local if folder in content], (repo_id, path)
     writes = [auth for method, _, auth in hub.requests if method == "POST"]
     assert writes and all(auth == f"Bearer {hub.token}" for auth in writes)  # the token travels in headers only
+
+
+def test_no_pickled_arguments_are_pushed(pushed):
+    """`training_args.bin` is transformers' pickle of the config: loading one from the Hub runs its code, and it holds
+    this machine's paths; the card lists the settings instead."""
+    hub, _ = pushed
+    assert not [
+        (commit.repo_id, path)
+        for commit in hub.commits
+        for path in commit.added
+        if Path(path).name == "training_args.bin"
+    ]
+
+
+def test_no_saved_file_of_an_es_run_holds_a_token(pushed):
+    """`training_args.bin` of the run and of every checkpoint, the TensorBoard event files, the card, the ES state."""
+    hub, work_dir = pushed
+    secrets = [hub.token.encode(), MODEL_TOKEN.encode()]
+    saved = [path for run in ES_RUNS for path in (work_dir / run).rglob("*") if path.is_file()]
+    names = {path.name for path in saved}
+    assert {"training_args.bin", "README.md", "es_state.json"} <= names and any("tfevents" in n for n in names)
+    assert not [path for path in saved if [secret for secret in secrets if secret in path.read_bytes()]]
+
+
+def test_tensorboard_logs_stay_local_unless_hub_push_logs_asks(pushed):
+    hub, work_dir = pushed
+    assert list((work_dir / "es-tiny" / "runs").rglob("events.out.tfevents.*"))  # logged, here
+    for name in ("es-tiny", "es-tiny-branch"):
+        revision = "es-branch" if name == "es-tiny-branch" else "main"
+        assert not [path for path in hub.files(repo(hub, name), revision) if path.startswith("runs/")], name
+    events = {path: content for path, content in hub.files(repo(hub, "es-tiny-logs")).items() if "tfevents" in path}
+    [(path, content)] = events.items()
+    assert path.startswith("runs/") and content == (work_dir / "es-tiny-logs" / path).read_bytes()
+    # TensorBoard's record of the config is there, its token and paths hidden.
+    assert b'"token": "<TOKEN>"' in content and b'"output_dir": "es-tiny-logs"' in content
+    assert b'"vllm_server_secret_file": "vllm-server.secret"' in content
 
 
 def test_the_clients_used_only_the_hub_endpoints_an_upload_needs(pushed):

@@ -1,6 +1,8 @@
 """`report_to="tensorboard"`: the ES metrics, the rewards and the evaluation reach TensorBoard's event files under
-sensible names, at the step they were logged at (read back with TensorBoard's own reader)."""
+sensible names, at the step they were logged at, and the config they record names no token and no local path (read
+back with TensorBoard's own reader)."""
 
+import json
 import math
 from pathlib import Path
 
@@ -10,6 +12,10 @@ from trl_es import ESTrainer
 from trl_es.testing import digit_fraction, digit_prompts
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+tensor_util = pytest.importorskip("tensorboard.util.tensor_util")
+
+# A token for the model's loading, which TensorBoard must not record (the local load ignores it).
+MODEL_TOKEN = "hf_" + "TensorBoardMustNotRecordThisOne"
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +25,14 @@ def run(tiny_model_path, tmp_path_factory):
 
     output_dir = tmp_path_factory.mktemp("tensorboard") / "run"
     args = fast_es_config(
-        output_dir, report_to=["tensorboard"], eval_strategy="steps", eval_steps=1, eval_ks=[1, 2], temperature=1.0
+        output_dir,
+        report_to=["tensorboard"],
+        eval_strategy="steps",
+        eval_steps=1,
+        eval_ks=[1, 2],
+        temperature=1.0,
+        model_init_kwargs={"token": MODEL_TOKEN},
+        vllm_server_secret_file=str(output_dir.parent / "vllm-server.secret"),
     )
     trainer = ESTrainer(
         model=tiny_model_path,
@@ -77,3 +90,17 @@ def test_every_logged_number_reaches_tensorboard_with_its_value(run):
 def test_nothing_a_gradient_method_would_log_appears(run):
     _, scalars = run
     assert not [tag for tag in scalars if "grad_norm" in tag]
+
+
+def test_the_recorded_config_names_no_token_and_no_local_path(run):
+    trainer, _ = run
+    output_dir = Path(trainer.args.output_dir)
+    [events] = output_dir.rglob("events.out.tfevents.*")
+    accumulator = event_accumulator.EventAccumulator(str(events), size_guidance={event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    [text] = accumulator.Tensors("args/text_summary")
+    recorded = json.loads(tensor_util.make_ndarray(text.tensor_proto).item())
+    assert recorded["model_init_kwargs"] == {"token": "<TOKEN>"} and recorded["hub_token"] == "<HUB_TOKEN>"
+    assert recorded["output_dir"] == "run" and recorded["vllm_server_secret_file"] == "vllm-server.secret"
+    content = events.read_bytes()  # the whole file: the config, the model's config, every logged value
+    assert MODEL_TOKEN.encode() not in content and str(output_dir.parent).encode() not in content

@@ -3,7 +3,10 @@
 Used by tests/integration/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests/hub_server.py):
     python push_to_hub.py MODEL WORK_DIR
 - `es-tiny`: ESTrainer with `push_to_hub=True` and `hub_strategy="checkpoint"` (a push at every save, the last
-  checkpoint under `last-checkpoint/`), then `trainer.push_to_hub(dataset_name=...)`;
+  checkpoint under `last-checkpoint/`), then `trainer.push_to_hub(dataset_name=...)`; with what must not be
+  published: the Hub token as `hub_token`, a token in `model_init_kwargs` ($MODEL_TOKEN: the local load ignores it),
+  a `vllm_server_secret_file` under WORK_DIR, and TensorBoard logs in `output_dir/runs/`;
+- `es-tiny-logs`: the same settings with `hub_push_logs=True`, pushed once, at the end: its `runs/` go too;
 - `es-tiny-branch`: a run with `push_to_hub=True, hub_revision="es-branch"`: every save and the end of training
   pushed to a branch of a new repo;
 - `es-then-grpo-tiny`: SequentialTrainer (ES then GRPO) pushed without its stages, and `es-then-grpo-tiny-stages`
@@ -42,8 +45,10 @@ class WaitForPush(TrainerCallback):
 
 
 def train_and_push_es(model: str, output_dir: str, **hub_settings) -> None:
-    """An ESTrainer run that pushes at every save (waiting for each push), then `push_to_hub` at the end."""
-    args = fast_es_config(output_dir, push_to_hub=True, save_strategy="steps", save_steps=1, **hub_settings)
+    """An ESTrainer run that pushes at every save (waiting for each push; none with `save_strategy="no"`), then
+    `push_to_hub` at the end."""
+    hub_settings = {"save_strategy": "steps", "save_steps": 1, **hub_settings}
+    args = fast_es_config(output_dir, push_to_hub=True, **hub_settings)
     trainer = ESTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(8))
     trainer.add_callback(WaitForPush(trainer))
     trainer.train()
@@ -56,9 +61,17 @@ def main():
     parser.add_argument("work_dir")
     cli = parser.parse_args()
 
-    # The token given as `hub_token`, as `--hub_token` would: it must not travel in the pushed training_args.bin.
+    # The token given as `hub_token`, as `--hub_token` would, and one in `model_init_kwargs`: no file saved or pushed
+    # may hold either, nor a path of this machine (the secret file is never read: there is no vLLM server).
     token = os.environ["HF_TOKEN"]
-    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny", hub_strategy="checkpoint", hub_token=token)
+    private = dict(
+        report_to=["tensorboard"],
+        model_init_kwargs={"token": os.environ["MODEL_TOKEN"]},
+        vllm_server_secret_file=f"{cli.work_dir}/vllm-server.secret",
+    )
+    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny", hub_strategy="checkpoint", hub_token=token, **private)
+    # Pushed at the end only: a push at each save would upload the event file while training writes to it.
+    train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny-logs", save_strategy="no", hub_push_logs=True, **private)
     # Every checkpoint to the branch `hub_revision` of a new repo: the trainer creates both.
     train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny-branch", hub_revision="es-branch")
 

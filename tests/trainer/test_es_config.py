@@ -148,17 +148,65 @@ def test_from_grpo_config_keeps_sampling_for_a_grpo_group(tmp_path):
     assert config.num_generations == 4 and config.temperature == grpo.temperature == 1.0
 
 
-def test_the_pickled_config_leaves_the_hub_token_out_and_copies_keep_it(tmp_path):
+SECRET = "hf_" + "ZyXwVuTsRqPoNmLkJiHgFeDcBaZyXw"
+
+
+def secret_config(output_dir) -> ESConfig:
+    """A config holding a token at the top level and nested, and local paths."""
+    return ESConfig(
+        str(output_dir),
+        hub_token=SECRET,
+        model_init_kwargs={"token": SECRET, "dtype": "float32", "cache_dir": f"{output_dir}/hf-cache"},
+        generation_kwargs={"extra": [{"Authorization": f"Bearer {SECRET}"}]},
+        vllm_server_secret_file=f"{output_dir}/server.secret",
+    )
+
+
+def test_the_pickled_config_leaves_every_token_out_and_copies_keep_them(tmp_path):
     import copy
     import io
 
     import torch
 
-    config = ESConfig(str(tmp_path), hub_token="hf_not_for_the_hub")
+    config = secret_config(tmp_path)
     pickled = io.BytesIO()
-    torch.save(config, pickled)  # what transformers writes to training_args.bin, and pushes
-    assert b"hf_not_for_the_hub" not in pickled.getvalue()
+    torch.save(config, pickled)  # what transformers writes to training_args.bin at every save
+    assert SECRET.encode() not in pickled.getvalue()
     pickled.seek(0)
     loaded = torch.load(pickled, weights_only=False)
-    assert loaded.hub_token is None and loaded.population_size == config.population_size
-    assert copy.copy(config).hub_token == copy.deepcopy(config).hub_token == "hf_not_for_the_hub"
+    assert loaded.hub_token is None and loaded.model_init_kwargs == {
+        "token": None,  # from_pretrained then logs in as the machine it runs on does
+        "dtype": "float32",
+        "cache_dir": f"{tmp_path}/hf-cache",  # the file stays local (pushes leave it out): its paths stay
+    }
+    assert loaded.generation_kwargs == {"extra": [{"Authorization": None}]}
+    assert loaded.output_dir == str(tmp_path) and loaded.population_size == config.population_size
+    for copied in (copy.copy(config), copy.deepcopy(config)):
+        assert copied.hub_token == copied.model_init_kwargs["token"] == SECRET
+        assert copied.generation_kwargs == config.generation_kwargs
+    assert config.model_init_kwargs["token"] == SECRET  # pickling changed nothing in the config itself
+
+
+def test_what_loggers_record_holds_no_token_and_no_local_path(tmp_path):
+    """W&B, MLflow, Comet... record `to_dict()`; TensorBoard `to_json_string()` and `to_sanitized_dict()`."""
+    config = secret_config(tmp_path / "es-run")
+    recorded = config.to_dict()
+    assert recorded["hub_token"] == "<HUB_TOKEN>" and recorded["model_init_kwargs"]["token"] == "<TOKEN>"
+    assert recorded["generation_kwargs"] == {"extra": [{"Authorization": "<AUTHORIZATION>"}]}
+    assert recorded["output_dir"] == "es-run" and recorded["vllm_server_secret_file"] == "server.secret"
+    assert recorded["model_init_kwargs"]["cache_dir"] == "hf-cache"
+    for text in (config.to_json_string(), str(config.to_sanitized_dict())):
+        assert SECRET not in text and str(tmp_path) not in text
+    assert config.model_init_kwargs["token"] == SECRET and config.output_dir == str(tmp_path / "es-run")
+
+
+def test_the_printed_config_hides_nested_tokens_and_keeps_paths(tmp_path):
+    config = secret_config(tmp_path)
+    for text in (str(config), repr(config), f"{[config]}"):
+        assert SECRET not in text and "'token': '<TOKEN>'" in text and f"output_dir={tmp_path}," in text
+
+
+def test_hub_push_logs_is_off_by_default_with_help():
+    spec = ESConfig.__dataclass_fields__["hub_push_logs"]
+    assert spec.default is False and "runs/" in spec.metadata["help"]
+    assert "hub_push_logs (`bool`, *optional*, defaults to `False`)" in ESConfig.__doc__

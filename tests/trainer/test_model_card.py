@@ -13,6 +13,8 @@ from trl_es.trainer.model_card import (
     es_papers,
     generate_es_model_card,
     generate_sequential_model_card,
+    hub_id_or_none,
+    reward_function_names,
     stage_hyperparameters,
     stage_papers,
     stage_summary,
@@ -136,7 +138,26 @@ def test_a_local_base_model_and_dataset_are_named_without_their_path(config, tmp
     assert str(tmp_path) not in str(card) and card.data.datasets is None
 
 
-def sequential_card(tmp_path, **overrides):
+def test_the_card_table_shows_no_token_and_no_local_path(tmp_path):
+    token = "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNmQwEr"
+    kwargs = {"token": token, "cache_dir": str(tmp_path / "hf-cache"), "dtype": "float32"}
+    config = fast_es_config(tmp_path / "run", model_init_kwargs=kwargs, chat_template_kwargs={"api_key": "sk-1"})
+    for card in (es_card(config), sequential_card(tmp_path, es_overrides={"model_init_kwargs": kwargs})):
+        assert token not in card.content and "sk-1" not in card.content and str(tmp_path) not in card.content
+    rows = table_rows(es_card(config))
+    assert rows["model_init_kwargs"][0] == "`{'token': '<TOKEN>', 'cache_dir': 'hf-cache', 'dtype': 'float32'}`"
+    assert rows["chat_template_kwargs"][0] == "`{'api_key': '<API_KEY>'}`"
+    assert config.model_init_kwargs["token"] == token  # the run itself loads with the token
+
+
+def test_a_base_model_or_reward_model_given_by_an_absolute_path_is_not_named_by_it():
+    gone = "/data/someone/models/reward-model"  # absolute, but not on this machine
+    assert hub_id_or_none(gone) is None and hub_id_or_none("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert reward_function_names([gone, "someone/reward"]) == ["reward-model", "someone/reward"]
+
+
+def sequential_card(tmp_path, es_overrides=None, **overrides):
+    es_args = fast_es_config(tmp_path, sigma=0.05, **(es_overrides or {}))
     stages = [
         {
             "method": method,
@@ -145,7 +166,7 @@ def sequential_card(tmp_path, **overrides):
             "reward_functions": ["accuracy_reward"],
             "papers": stage_papers(args),
         }
-        for method, args in (("ES", fast_es_config(tmp_path, sigma=0.05)), ("GRPO", fast_grpo_config(tmp_path)))
+        for method, args in (("ES", es_args), ("GRPO", fast_grpo_config(tmp_path)))
     ]
     settings = dict(base_model="Qwen/Qwen2.5-0.5B-Instruct", model_name="es-then-grpo", stages=stages, tags=["trl"])
     return generate_sequential_model_card(**{**settings, **overrides})

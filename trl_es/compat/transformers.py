@@ -1,11 +1,15 @@
 """Every use of transformers' private API, in one place (tested in `tests/compat/test_transformers.py`).
 
-`Trainer` has no public hook for three things ESTrainer needs: wrapping the train sampler, writing extra state into
-each checkpoint, and reading it back on resume. Its private methods are the hooks; [`TrainerHooks`] overrides them and
-calls methods with public names instead.
+`Trainer` has no public hook for four things ESTrainer needs: wrapping the train sampler, writing extra state into
+each checkpoint, reading it back on resume, and leaving files out of its pushes to the Hub. Its private methods (and
+the `HfApi` its pushes upload through) are the hooks; [`TrainerHooks`] overrides them and calls methods with public
+names instead.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # The transformers privates used here, by function or class.
 PRIVATE_NAMES = {
@@ -13,19 +17,31 @@ PRIVATE_NAMES = {
         "Trainer._get_train_sampler",
         "Trainer._save_optimizer_and_scheduler",
         "Trainer._load_optimizer_and_scheduler",
+        "Trainer._push_from_checkpoint",
+    ],
+    "uploads_ignoring": [
+        "transformers.trainer.hf_api (what Trainer.push_to_hub and _push_from_checkpoint upload with)"
     ],
 }
 
+# What Trainer writes into `output_dir`: its pickled arguments (also in every checkpoint), and the TensorBoard logs
+# (TensorBoardCallback's default folder, `runs/<date>_<host>`).
+TRAINING_ARGS_FILE = "training_args.bin"
+TENSORBOARD_FOLDER = "runs"
+
 
 class TrainerHooks:
-    """A mixin, placed before the `Trainer` subclass in the bases, that turns three private hooks of transformers'
+    """A mixin, placed before the `Trainer` subclass in the bases, that turns four private hooks of transformers'
     `Trainer` into public ones. Override these:
 
     - `wrap_train_sampler(sampler)`: the sampler training uses, given the one the parent built;
     - `save_extra_state(output_dir)`: called in every checkpoint save after the optimizer and scheduler are written
       and before `trainer_state.json` (which the Trainer writes last, so a checkpoint with a Trainer state always has
       this state too);
-    - `load_extra_state(checkpoint)`: called on resume, once the optimizer and scheduler are loaded.
+    - `load_extra_state(checkpoint)`: called on resume, once the optimizer and scheduler are loaded;
+    - `hub_ignore_patterns()`: files of `output_dir` and of a pushed checkpoint that every push to the Hub leaves out
+      (`push_to_hub`, and the push at each save with `push_to_hub=True`), besides the Trainer's own `_*` and
+      `checkpoint-*`.
     """
 
     def wrap_train_sampler(self, sampler):
@@ -36,6 +52,20 @@ class TrainerHooks:
 
     def load_extra_state(self, checkpoint: str) -> None:
         pass
+
+    def hub_ignore_patterns(self) -> list[str]:
+        """By default, `training_args.bin` (a pickle: unsafe to load from a stranger, and holding this machine's paths)
+        and the TensorBoard logs (`runs/`) unless `args.hub_push_logs` asks for them."""
+        logs = [] if getattr(self.args, "hub_push_logs", False) else [f"{TENSORBOARD_FOLDER}/"]
+        return [TRAINING_ARGS_FILE, f"*/{TRAINING_ARGS_FILE}", *logs]
+
+    def push_to_hub(self, *args, **kwargs):
+        with uploads_ignoring(self.hub_ignore_patterns()):
+            return super().push_to_hub(*args, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        with uploads_ignoring(self.hub_ignore_patterns()):
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _get_train_sampler(self, *args, **kwargs):
         return self.wrap_train_sampler(super()._get_train_sampler(*args, **kwargs))
@@ -48,3 +78,47 @@ class TrainerHooks:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.load_extra_state(checkpoint)
+
+
+@contextmanager
+def uploads_ignoring(patterns: list[str]) -> Iterator[None]:
+    """Within this context, every folder that `Trainer.push_to_hub` and `Trainer._push_from_checkpoint` upload leaves
+    out the files matching `patterns` (`huggingface_hub` patterns: `"runs/"` is the folder, `"*/x"` x at any depth),
+    besides those the Trainer names itself.
+
+    Both upload with `transformers.trainer.hf_api().upload_folder(..., ignore_patterns=...)`, which has no argument
+    for more patterns; this replaces that module's `hf_api` by one whose `upload_folder` adds them, and restores it on
+    exit. A checkpoint's upload runs in the background, but its files are chosen when it is called, inside the context.
+    """
+    import transformers.trainer as trainer_module
+
+    shared_api = trainer_module.hf_api
+
+    def api_ignoring_patterns():
+        return _UploadsIgnoring(shared_api(), patterns)
+
+    trainer_module.hf_api = api_ignoring_patterns
+    try:
+        yield
+    finally:
+        trainer_module.hf_api = shared_api
+
+
+class _UploadsIgnoring:
+    """An `HfApi` whose `upload_folder` also ignores `patterns`; every other attribute is the wrapped API's."""
+
+    def __init__(self, api, patterns: list[str]):
+        self.api, self.patterns = api, list(patterns)
+
+    def upload_folder(self, *args, ignore_patterns: list[str] | str | None = None, **kwargs):
+        return self.api.upload_folder(*args, ignore_patterns=with_patterns(ignore_patterns, self.patterns), **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.api, name)
+
+
+def with_patterns(given: list[str] | str | None, more: list[str]) -> list[str]:
+    """`upload_folder`'s `ignore_patterns` argument (None, one pattern or a list) with `more` added, as a new list
+    (`upload_folder` appends to the list it is given)."""
+    given = [given] if isinstance(given, str) else list(given or ())
+    return [*given, *(pattern for pattern in more if pattern not in given)]

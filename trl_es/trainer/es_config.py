@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from ..core.lowrank import OTHER_PARAMETERS
 from ..core.sigma_schedule import SIGMA_SCHEDULES
 from .config_checks import PERTURBATIONS, check_after_grpo, check_before_grpo, import_function
 from .grpo_conversion import es_overrides_of
+from .redaction import pickle_state, public, without_secrets
 
 
 @dataclass
@@ -126,6 +128,13 @@ class ESConfig(GRPOConfig):
             prints where it wrote it; mode 0600, yours). Defaults to `$TRL_ES_SERVER_SECRET` if set, else the file
             the server writes for its port, `~/.cache/trl-es/vllm-server-<port>.secret`. The secret itself never goes
             in the config (configs are logged and saved).
+
+        > The Hub
+
+        hub_push_logs (`bool`, *optional*, defaults to `False`):
+            Also push the TensorBoard logs (`runs/` in `output_dir`) with the model, at every push. Off, they stay on
+            this machine: their folder and file names carry its host name. What any push or logger receives holds no
+            token, and shows each local path by its last component (`ESConfig.to_dict`).
 
         > Coverage evaluation (with an `eval_dataset`)
 
@@ -280,6 +289,13 @@ class ESConfig(GRPOConfig):
             "$TRL_ES_SERVER_SECRET, else ~/.cache/trl-es/vllm-server-<port>.secret)."
         },
     )
+    hub_push_logs: bool = field(
+        default=False,
+        metadata={
+            "help": "Also push the TensorBoard logs (runs/ in output_dir) to the Hub with the model; off, they stay "
+            "on this machine (their names carry its host name)."
+        },
+    )
 
     eval_ks: list[int] | None = field(
         default=None,
@@ -338,10 +354,13 @@ class ESConfig(GRPOConfig):
         },
     )
 
-    # transformers pickles the whole config into `training_args.bin` at every save, and pushes it with the model:
-    # the pickle leaves the Hub token out. Copies keep it (`copy.copy` would otherwise go through the pickle state).
+    # What leaves the process holds no secret (trl_es.trainer.redaction): transformers pickles the whole config into
+    # `training_args.bin` at every save, and loggers record `to_dict()` (W&B, MLflow, Comet...), `to_json_string()` and
+    # `to_sanitized_dict()` (TensorBoard). Copies keep every value (`copy.copy` would otherwise use the pickle state).
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "hub_token": None}
+        """The pickle's state (`training_args.bin`): every secret None, at any depth (`hub_token`,
+        `model_init_kwargs["token"]`...); local paths stay, since the file stays local (pushes leave it out)."""
+        return pickle_state(self.__dict__)
 
     def __copy__(self) -> ESConfig:
         copied = object.__new__(type(self))
@@ -353,6 +372,21 @@ class ESConfig(GRPOConfig):
         memo[id(self)] = copied
         copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return copied
+
+    def to_dict(self) -> dict:
+        """The settings as loggers and `to_json_string` record them: as [`~transformers.TrainingArguments.to_dict`]
+        gives them, with every secret at any depth replaced by a placeholder (`<HUB_TOKEN>`, `<TOKEN>`) and every local
+        path (`output_dir`, `vllm_server_secret_file`, a path inside `model_init_kwargs`...) by its last component.
+        Copy a config with `copy.copy` or `dataclasses.replace`, not through this."""
+        return public(super().to_dict())
+
+    def __str__(self) -> str:
+        """As `TrainingArguments` prints itself, with the secrets of nested settings hidden too (local paths stay)."""
+        settings = without_secrets({spec.name: getattr(self, spec.name) for spec in dataclasses.fields(self)})
+        lines = "".join(f"{name}={value},\n" for name, value in sorted(settings.items()))
+        return f"{type(self).__name__}(\n{lines})"
+
+    __repr__ = __str__
 
     def __post_init__(self):
         check_before_grpo(self)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..compat.trl import tracker_urls
-from .model_card import es_hyperparameters, es_papers, generate_es_model_card
+from .model_card import es_hyperparameters, es_papers, generate_es_model_card, hub_id_or_none
 
 
 def write_model_card(trainer, model_name: str | None, dataset_name: str | None, tags) -> None:
@@ -14,8 +14,7 @@ def write_model_card(trainer, model_name: str | None, dataset_name: str | None, 
     if not trainer.is_world_process_zero():
         return
     args = trainer.args
-    model_id = trainer.model.config.name_or_path
-    base_model = model_id if model_id and not Path(model_id).is_dir() else None  # a local path stays private
+    base_model = hub_id_or_none(trainer.model.config.name_or_path or None)  # a local path stays private
     tags = {tags} if isinstance(tags, str) else set(tags or ())
     card = generate_es_model_card(
         base_model=base_model,

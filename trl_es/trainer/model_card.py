@@ -12,6 +12,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from .es_config import ESConfig
+from .redaction import is_local_path, public
 from .run_settings import card_setting_names
 
 TEMPLATE_NAME = "es_model_card.md"
@@ -160,8 +161,10 @@ def _training_length(args) -> tuple[str, ...]:
 
 
 def _rows(args, names) -> list[Hyperparameter]:
+    """The settings `names` of `args` as the card shows them: published, so with no secret (`model_init_kwargs`'s
+    `token` is `<TOKEN>`) and each local path by its last component."""
     return [
-        Hyperparameter(name, readable(getattr(args, name)), _meaning(args, name))
+        Hyperparameter(name, readable(public(getattr(args, name))), _meaning(args, name))
         for name in names
         if getattr(args, name) not in (None, {})
     ]
@@ -199,7 +202,7 @@ def reward_function_names(reward_funcs) -> list[str]:
     names = []
     for func in funcs:
         if isinstance(func, (str, Path)):
-            names.append(Path(func).name if Path(func).exists() else str(func))
+            names.append(str(func) if hub_id_or_none(str(func)) else Path(func).name)
         elif hasattr(func, "config"):
             names.append(str(func.config.name_or_path).split("/")[-1])
         else:
@@ -208,8 +211,9 @@ def reward_function_names(reward_funcs) -> list[str]:
 
 
 def hub_id_or_none(name: str | None) -> str | None:
-    """`name` when it can be a Hub id; None for a local path, which the card names without linking (or exposing) it."""
-    return None if name is None or Path(name).exists() else name
+    """`name` when it can be a Hub id; None for a local path (one that exists here, or any absolute one), which the
+    card names without linking (or exposing) it."""
+    return None if name is None or Path(name).exists() or is_local_path(name) else name
 
 
 def _render(template_name: str, card_data: ModelCardData, **context) -> ModelCard:
