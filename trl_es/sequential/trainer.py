@@ -33,6 +33,8 @@ from ..trainer.model_card import (
     stage_papers,
     stage_summary,
 )
+from ..trainer.output_lock import hold_output_dir
+from ..trainer.preemption import stop_on_preemption
 from ..trainer.vllm_engine import release_vllm_engine
 
 FINAL_DIR = "final"
@@ -88,9 +90,10 @@ class SequentialTrainer:
     Interrupted runs resume: a stage whose `final/` model exists is skipped, and the running stage resumes from its
     last complete checkpoint. Every ES stage after the first draws its own noise (`ESConfig.noise_seed`, derived from
     the stage's `seed` and its index, unless set): a stage's steps count from 0 again, and would otherwise replay the
-    members of an earlier ES stage. Between stages the trainer is dropped and its resources released (a colocated vLLM
-    engine, the Accelerate and DeepSpeed state) before the next one starts, so several colocate stages run in one
-    process.
+    members of an earlier ES stage. SIGTERM or SIGUSR1 stops a stage, ES or GRPO, after its current step with a
+    checkpoint (see [`ESTrainer`]), and `train()` again resumes it; a second run on the same `output_dir` is refused
+    while one trains. Between stages the trainer is dropped and its resources released (a colocated vLLM engine, the
+    Accelerate and DeepSpeed state) before the next one starts, so several colocate stages run in one process.
     """
 
     def __init__(
@@ -135,14 +138,16 @@ class SequentialTrainer:
         return self.stage_dir(index) / FINAL_DIR
 
     def train(self) -> Path:
-        """Run the stages that have not finished; returns the folder of the final model, with its model card."""
+        """Run the stages that have not finished; returns the folder of the final model, with its model card. Holds
+        `output_dir`'s lock meanwhile (a second run on the same folder is refused)."""
         model = self.model
-        for index, stage in enumerate(self.stages):
-            final = self.final_model(index)
-            if not (final / "config.json").is_file():
-                self._run_stage(index, stage, model)
-            model = str(final)
-        self.create_model_card()
+        with hold_output_dir(self.output_dir):
+            for index, stage in enumerate(self.stages):
+                final = self.final_model(index)
+                if not (final / "config.json").is_file():
+                    self._run_stage(index, stage, model)
+                model = str(final)
+            self.create_model_card()
         return Path(model)
 
     def create_model_card(
@@ -252,7 +257,11 @@ class SequentialTrainer:
             eval_dataset=stage.eval_dataset if stage.eval_dataset is not None else self.eval_dataset,
             **shared,
         )
-        trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
+        if stage.method == "es":
+            trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
+        else:  # ESTrainer.train stops on preemption itself
+            with stop_on_preemption(trainer):
+                trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
         self._save_final_model(trainer, self.final_model(index))
         trainer.accelerator.free_memory()  # drops the prepared model and optimizer, destroys a DeepSpeed engine
         release_vllm_engine(trainer)  # now, not whenever the trainer is collected: the next stage may start its own

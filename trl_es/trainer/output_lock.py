@@ -93,8 +93,9 @@ def hold_output_dir(output_dir: str | os.PathLike, state=None) -> Iterator[None]
     holder and what to do), and the main process releases it on the way out."""
     state = state or PartialState()
     path = Path(output_dir) / LOCK_FILE
+    main = state.is_main_process  # read now: a SequentialTrainer resets the Accelerate state between its stages
     failure = None
-    if state.is_main_process:
+    if main:
         try:
             acquire(path)
         except Exception as error:  # every process must learn of it, or the others would wait for it forever
@@ -107,7 +108,7 @@ def hold_output_dir(output_dir: str | os.PathLike, state=None) -> Iterator[None]
     try:
         yield
     finally:
-        if state.is_main_process:
+        if main:
             release(path)
 
 
