@@ -60,3 +60,46 @@ def test_a_short_secret_in_the_environment_is_refused_by_trainer_and_server(tmp_
             read()
     monkeypatch.setenv(SECRET_ENV, "s" * 16)
     assert trainer_secret(None, 8123) == ("s" * 16, f"${SECRET_ENV}") and server_secret() == "s" * 16
+
+
+# The protocol's pieces (the server and the trainer use them; tests/backends/test_vllm_server.py runs them for real).
+
+
+def test_a_server_proof_is_bound_to_the_secret_and_to_the_clients_nonce():
+    from trl_es.backends.control_channel import new_nonce, server_proof, signatures_match
+
+    secret, nonce = "s" * 32, new_nonce()
+    proof = server_proof(secret, nonce, "server-nonce", "session", "instance")
+    assert signatures_match(proof, server_proof(secret, nonce, "server-nonce", "session", "instance"))
+    for other in (server_proof("t" * 32, nonce, "server-nonce", "session", "instance"),  # another secret
+                  server_proof(secret, new_nonce(), "server-nonce", "session", "instance"),  # a recorded answer
+                  server_proof(secret, nonce, "server-nonce", "session", "another instance")):  # fmt: skip
+        assert not signatures_match(proof, other)
+
+
+def test_a_request_signature_covers_method_path_counter_and_body_and_its_answer_is_bound_to_it():
+    from trl_es.backends.control_channel import answer_signature, request_signature, session_key, signatures_match
+
+    key = session_key("s" * 32, "client", "server", "session")
+    request = ("POST", "/trl_es/v2/es_init", 3, b'{"args": []}')
+    signed = request_signature(key, *request)
+    for position, changed in enumerate(["GET", "/trl_es/v2/es_verify", 4, b'{"args": [1]}']):
+        altered = list(request)
+        altered[position] = changed
+        assert not signatures_match(signed, request_signature(key, *altered)), altered
+    assert not signatures_match(signed, request_signature(session_key("s" * 32, "client", "server", "x"), *request))
+    answer = answer_signature(key, signed, 200, b"body")
+    assert not signatures_match(answer, answer_signature(key, signed, 500, b"body"))
+    assert not signatures_match(answer, answer_signature(key, "another request", 200, b"body"))
+    assert not signatures_match(answer, None) and not signatures_match(answer, "")
+
+
+def test_the_replay_window_accepts_each_counter_once_in_any_order_within_the_window():
+    from trl_es.backends.control_channel import ReplayWindow
+
+    window = ReplayWindow(size=8)
+    assert [window.accept(counter) for counter in (0, 2, 1, 2, 0)] == [True, True, True, False, False]
+    assert window.accept(20) and not window.accept(12) and window.accept(13)  # older than the window: refused
+    for counter in range(21, 200):  # the memory stays bounded
+        assert window.accept(counter)
+    assert len(window.seen) <= 2 * 8 and not window.accept(150) and not window.accept(-1)

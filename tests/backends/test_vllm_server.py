@@ -1,6 +1,7 @@
-"""ESTrainer against a real `trl-es vllm-serve` server (authenticated control channel, ES worker extension), no weight
-traffic. One server serves the module; the tests that restart or kill it come last, and any test after them gets it
-back (`Server.ensure_running`)."""
+"""ESTrainer against a real `trl-es vllm-serve` server (mutually authenticated control channel, ES worker extension),
+no weight traffic. One server serves the module; the tests that restart or kill it come last, and any test after them
+gets it back (`Server.ensure_running`). Attacks are made as another local process would make them: an impostor
+listening on the port first, replayed requests, another holder of the secret."""
 
 import json
 import os
@@ -23,14 +24,21 @@ from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
 import trl_es  # noqa: E402
 from trl_es import ESTrainer  # noqa: E402
-from trl_es.backends.control_channel import CHECKPOINT_DIR_ENV, CONTROL_PATH, write_new_secret  # noqa: E402
+from trl_es.backends.control_channel import (  # noqa: E402
+    CHECKPOINT_DIR_ENV,
+    CONTROL_PATH,
+    HELLO,
+    SIGNATURE_HEADER,
+    write_new_secret,
+)
+from trl_es.backends.control_client import ControlSession  # noqa: E402
 from trl_es.backends.vllm_server import (  # noqa: E402
     VLLMServerBackend,
     VLLMServerError,
+    VLLMServerNotProven,
     VLLMServerRestarted,
     VLLMServerStopped,
     VLLMServerTakenOver,
-    VLLMServerWeightsChanged,
 )
 from trl_es.core.consistency import master_digest  # noqa: E402
 from trl_es.core.master import MasterWeights  # noqa: E402
@@ -143,11 +151,22 @@ def make_trainer(model_path, config, reward=digit_fraction):
     return ESTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=digit_prompts(16))
 
 
-def control(port, method, *args, secret=None):
-    """A raw control call, as any local process could make it."""
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+def unsigned_control(port, method, *args, headers=None):
+    """A control call made outside any session, as any local process could make it."""
     url = f"http://127.0.0.1:{port}{CONTROL_PATH}{method}"
-    return requests.post(url, json={"args": [str(arg) for arg in args]}, headers=headers, timeout=60)
+    return requests.post(url, json={"args": [str(arg) for arg in args]}, headers=headers or {}, timeout=60)
+
+
+def secret_holder(port, secret_file) -> ControlSession:
+    """Another process that holds the server's secret, in a session of its own."""
+    session = ControlSession(f"http://127.0.0.1:{port}", Path(secret_file).read_text().strip(), timeout=60)
+    session.open()
+    return session
+
+
+def control(session: ControlSession, method, *args):
+    """A control call in `session`; returns the (signed) answer whatever its status."""
+    return session.request("POST", f"{CONTROL_PATH}{method}", {"args": [str(arg) for arg in args]})
 
 
 def interrupt_at_step(step: int, action):
@@ -190,12 +209,14 @@ def test_callers_without_the_secret_are_refused_and_vllm_dev_routes_do_not_exist
     for route in ("/collective_rpc", "/reset_prefix_cache", "/sleep", "/wake_up"):  # vLLM dev mode is off
         response = requests.post(f"http://127.0.0.1:{server_port}{route}", json={"method": "reset_weights"})
         assert response.status_code == 404, route
-    assert control(server_port, "es_version").status_code == 401
-    assert control(server_port, "es_version", secret=secret[:-1] + "x").status_code == 401
-    assert control(server_port, "es_version", secret=secret).json()["results"] == [trl_es.__version__]
+    assert unsigned_control(server_port, "es_version").status_code == 401
+    bearer = {"Authorization": f"Bearer {secret}"}  # the secret itself opens nothing: it is never sent
+    assert unsigned_control(server_port, "es_version", headers=bearer).status_code == 401
+    holder = secret_holder(server_port, secret_file)
+    assert control(holder, "es_version").json()["results"] == [trl_es.__version__]
     # Even with the secret, only the ES methods run: nothing that writes files or resets the engine.
     for method in ("reset_weights", "save_sharded_state", "collective_rpc"):
-        assert control(server_port, method, secret=secret).status_code == 400
+        assert control(holder, method).status_code == 400
     # The secret is on no command line of the server's processes (`ps` shows those to every user).
     group = [pid for pid in os.listdir("/proc") if pid.isdigit() and _in_group(int(pid), server.process.pid)]
     assert group and not any(secret.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in group)
@@ -203,6 +224,57 @@ def test_callers_without_the_secret_are_refused_and_vllm_dev_routes_do_not_exist
     completion = {"model": requests.get(f"http://127.0.0.1:{server_port}/v1/models").json()["data"][0]["id"],
                   "prompt": "Item 1:", "max_tokens": 2}  # fmt: skip
     assert requests.post(f"http://127.0.0.1:{server_port}/v1/completions", json=completion).ok
+
+
+def test_a_request_replayed_or_altered_is_refused_and_answers_are_signed(server_port, secret_file, monkeypatch):
+    """Issue 27: every request of a session is signed with a counter used once; the server signs its answers."""
+    holder = secret_holder(server_port, secret_file)
+    sent = []
+    request = holder.http.request
+
+    def recording(method, url, **kwargs):
+        sent.append((method, url, kwargs))
+        return request(method, url, **kwargs)
+
+    monkeypatch.setattr(holder.http, "request", recording)
+    answer = control(holder, "es_version")
+    assert answer.ok and SIGNATURE_HEADER in answer.headers
+    method, url, kwargs = sent[0]
+    replayed = requests.request(method, url, **kwargs)
+    assert replayed.status_code == 401 and "used already" in replayed.json()["message"]
+    altered = dict(kwargs, data=kwargs["data"].replace(b"[]", b'["x"]'), headers=dict(kwargs["headers"]))
+    altered["headers"]["x-trl-es-counter"] = "1000"  # a fresh counter does not make another body valid
+    assert requests.request(method, url, **altered).status_code == 401
+    refusals = [replayed.text, requests.request(method, url, **altered).text]
+    assert not any(SIGNATURE_HEADER in response.headers for response in (replayed,))  # refusals are not signed
+    assert all("load" not in text and "run" not in text.lower() for text in refusals)  # and reveal no state
+    assert control(holder, "es_version").ok  # the session itself goes on
+
+
+def test_an_impostor_listening_on_the_port_first_gets_no_secret_and_is_refused(tmp_path, tiny_model_path, server_port,
+                                                                                  secret_file):  # fmt: skip
+    """Issue 27: another local user listening on the port before the server received the secret in the trainer's
+    first request, served the public model's weights and chose every completion the trainer scored. Here the
+    impostor even answers the handshake with a real answer of the server, recorded earlier."""
+    recorded = requests.post(
+        f"http://127.0.0.1:{server_port}{CONTROL_PATH}{HELLO}", json={"client_nonce": "00" * 32}, timeout=60
+    ).json()
+    port, log = free_port(), tmp_path / "impostor.log"
+    impostor = subprocess.Popen([sys.executable, str(Path(__file__).parent.parent / "scripts" / "impostor_server.py"),
+                                 str(port), str(log), json.dumps(recorded)])  # fmt: skip
+    try:
+        wait_healthy(impostor, port, log)
+        trainer = make_trainer(tiny_model_path, server_config(tmp_path, port, secret_file))
+        with pytest.raises(VLLMServerNotProven, match=rf"could not prove that it holds the control secret from "
+                           rf"{secret_file}.*another process answers on port {port}"):  # fmt: skip
+            trainer.train()
+    finally:
+        impostor.kill()
+        impostor.wait(timeout=60)
+    received = log.read_bytes()
+    secret = Path(secret_file).read_text().strip().encode()
+    assert b"/trl_es/v2/hello" in received  # it was asked to prove the secret, and nothing else
+    assert secret not in received and b"/v1/completions" not in received and b"es_init" not in received
 
 
 def _in_group(pid: int, group: int) -> bool:
@@ -216,28 +288,65 @@ def test_a_trainer_with_another_secret_is_refused(tmp_path, tiny_model_path, ser
     wrong = tmp_path / "wrong.secret"
     write_new_secret(wrong)
     trainer = make_trainer(tiny_model_path, server_config(tmp_path, server_port, str(wrong)))
-    with pytest.raises(VLLMServerError, match=f"refused the control secret from {wrong}"):
+    refusal = f"could not prove that it holds the control secret from {wrong}.*Either the secret is not this server's"
+    with pytest.raises(VLLMServerNotProven, match=refusal):
         trainer.train()
 
 
-def test_weights_rewritten_during_a_members_generation_are_caught(tmp_path, tiny_model_path, server_port,
-                                                                   secret_file, monkeypatch):  # fmt: skip
+def test_another_holder_of_the_secret_can_neither_reset_nor_load_into_a_run(tmp_path, tiny_model_path, server_port,
+                                                                             secret_file):  # fmt: skip
+    """Issue 27: refusals echoed the run id and load number, `es_init` with the same run id reset the server's master,
+    and loads brought the counter back in line: the run finished without error, with other final weights. Now a run
+    answers only its own session; the run attacked mid-step ends bitwise as the run left alone."""
+    left_alone = make_trainer(tiny_model_path, server_config(tmp_path / "alone", server_port, secret_file))
+    left_alone.train()
+    refusals = []
+
+    def attack():
+        backend = attacked.population.backend
+        holder = secret_holder(server_port, secret_file)
+        names = json.dumps(list(backend.master.tensors))
+        refusals.append(control(holder, "es_init", backend.run_id, names, "float32", "0.05"))
+        for method, args in [("es_load_center", [backend.load]), ("es_load_member", [backend.load, 7, 1, "0.05"]),
+                             ("es_apply_update", ['{"7": 1.0}', "1.0", "0.0"]), ("es_verify", [backend.load]),
+                             ("es_checksum", [backend.load])]:  # fmt: skip
+            refusals.append(control(holder, method, backend.run_id, *args))
+
+    config = server_config(tmp_path / "attacked", server_port, secret_file)
+    attacked = make_trainer(tiny_model_path, config, reward=interrupt_at_step(1, attack))
+    attacked.train()
+    assert [answer.status_code for answer in refusals] == [400] + [409] * 5
+    assert "starts one run only" in refusals[0].json()["message"]
+    for answer in refusals[1:]:  # a refusal names no load number, and no run but the one asked for
+        message = answer.json()["message"]
+        assert message == f"This session holds no run {attacked.population.backend.run_id!r} in this server."
+    expected = master_digest(left_alone.population.master.tensors)
+    assert master_digest(attacked.population.master.tensors) == expected
+    backend = attacked.population.backend
+    assert backend._control("es_checksum", backend.run_id, backend.load)[0]["master_digest"] == expected
+
+
+def test_a_run_started_by_another_holder_of_the_secret_during_a_members_generation_is_caught(
+    tmp_path, tiny_model_path, server_port, secret_file, monkeypatch
+):
+    """The one thing another holder of the secret can do to a run is to replace it by a run of its own, which changes
+    the engine's weights: the member whose generation saw them never reaches an update."""
     trainer = make_trainer(tiny_model_path, server_config(tmp_path, server_port, secret_file))
-    secret = Path(secret_file).read_text().strip()
     completions, lock = [], threading.Lock()
     request = VLLMServerBackend._request
 
-    def reset_while_generating(backend, method, path, payload=None):
-        # The third member's second completion request: its generation is under way. Another holder of the secret
-        # resets the engine to the centre, as vLLM's `reset_weights` did through /collective_rpc.
+    def take_over_while_generating(backend, method, path, payload=None):
+        # The third member's second completion request: its generation is under way.
         with lock:
             completions.append(path)
             if path == "/v1/completions" and completions.count(path) == 2 * 8 + 2:
-                assert control(server_port, "es_load_center", backend.run_id, backend.load, secret=secret).ok
+                holder = secret_holder(server_port, secret_file)
+                names = json.dumps(list(backend.master.tensors))
+                assert control(holder, "es_init", "another-run", names, "float32", "0.05").ok
         return request(backend, method, path, payload)
 
-    monkeypatch.setattr(VLLMServerBackend, "_request", reset_while_generating)
-    with pytest.raises(VLLMServerWeightsChanged, match=r"rewritten during the run.*holds load #\d+ \(the centre\)"):
+    monkeypatch.setattr(VLLMServerBackend, "_request", take_over_while_generating)
+    with pytest.raises(VLLMServerTakenOver, match=r"taken over by another trainer: Run [0-9a-f]+ was replaced"):
         trainer.train()
     assert completions.count("/v1/completions") < 4 * 8  # stopped at the third member
     assert trainer.state.global_step == 0  # the member's fitness never reached an update
@@ -275,13 +384,29 @@ def test_weights_changed_inside_the_engine_without_a_control_call_are_caught(tin
     from transformers import AutoModelForCausalLM
 
     worker, names = standin_worker(tiny_model_path)
-    load = worker.es_init("run", names, "float32", "0.05")["result"]["load"]
-    load = worker.es_load_member("run", load, "7", "1", "0.05")["result"]
-    assert worker.es_verify("run", load) == {"result": None}
+    load = worker.es_init("session", "run", names, "float32", "0.05")["result"]["load"]
+    load = worker.es_load_member("session", "run", load, "7", "1", "0.05")["result"]
+    assert worker.es_verify("session", "run", load) == {"result": None}
     original = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     worker.model_runner.model.hf.load_state_dict(original)  # an engine-side reset to the checkpoint's weights
-    refusal = worker.es_verify("run", load)
+    refusal = worker.es_verify("session", "run", load)
     assert refusal["error"] == "weights_changed" and "without any control call" in refusal["message"]
+
+
+def test_a_run_id_starts_once_and_the_load_counter_never_goes_back(tiny_model_path):
+    """Issue 27: `es_init` with the run's id reset its master and its load counter to 0."""
+    worker, names = standin_worker(tiny_model_path)
+    first = worker.es_init("session", "run", names, "float32", "0.05")["result"]["load"]
+    load = worker.es_load_member("session", "run", first, "7", "1", "0.05")["result"]
+    for session in ("session", "another"):  # not even the session that started it
+        refusal = worker.es_init(session, "run", names, "float32", "0.05")
+        assert refusal["error"] == "bad_request" and "starts one run only" in refusal["message"]
+    assert worker.es_verify("session", "run", load) == {"result": None}  # the run goes on untouched
+    second = worker.es_init("another", "run-2", names, "float32", "0.05")["result"]["load"]
+    assert int(first) < int(load) < int(second)  # a new run's loads continue the count
+    refusal = worker.es_verify("session", "run", load)
+    assert refusal["error"] == "run_replaced" and "replaced" in refusal["message"]  # told to the run's session only
+    assert worker.es_verify("another", "run", load)["message"] == "This session holds no run 'run' in this server."
 
 
 def test_the_worker_loads_each_member_at_the_sigma_the_trainer_sends(tiny_model_path):
@@ -290,9 +415,9 @@ def test_the_worker_loads_each_member_at_the_sigma_the_trainer_sends(tiny_model_
     from trl_es.core.noise import parameter_noise
 
     worker, names = standin_worker(tiny_model_path)
-    load = worker.es_init("run", names, "float32", "0.05")["result"]["load"]
+    load = worker.es_init("session", "run", names, "float32", "0.05")["result"]["load"]
     centre = {name: tensor.clone() for name, tensor in worker.model_runner.model.hf.named_parameters()}
-    worker.es_load_member("run", load, "7", "-1", "0.2")
+    worker.es_load_member("session", "run", load, "7", "-1", "0.2")
     for name, tensor in worker.model_runner.model.hf.named_parameters():
         expected = centre[name] - 0.2 * parameter_noise(7, name, tensor.shape)
         assert torch.allclose(tensor, expected, atol=1e-6), name
@@ -317,7 +442,7 @@ def test_the_worker_resumes_from_no_hub_id_and_opens_no_connection(tiny_model_pa
     connections = []
     monkeypatch.setattr(socket.socket, "connect", lambda sock, address: connections.append(address))
     for hub_id in ("some-org/some-model", "gpt2"):
-        refusal = worker.es_init("run", names, "float32", "0.05", hub_id)
+        refusal = worker.es_init("session", "run", names, "float32", "0.05", hub_id)
         assert refusal["error"] == "checkpoint_refused" and "never downloads" in refusal["message"], refusal
     assert connections == []
 
@@ -333,7 +458,7 @@ def test_a_file_link_in_the_checkpoint_dir_leading_out_of_it_is_refused(tmp_path
     outside = tmp_path / "elsewhere.safetensors"
     outside.write_bytes(b"not the run's master")
     (checkpoint / "es_state" / "master.safetensors").symlink_to(outside)
-    refusal = worker.es_init("run", names, "float32", "0.05", str(checkpoint))
+    refusal = worker.es_init("session", "run", names, "float32", "0.05", str(checkpoint))
     assert refusal["error"] == "checkpoint_refused", refusal
     assert (
         "master.safetensors" in refusal["message"] and "outside this server's --checkpoint_dir" in refusal["message"]
@@ -405,9 +530,9 @@ def test_a_server_taken_over_by_another_run_is_a_clear_error(tmp_path, tiny_mode
     first_reward = interrupt_at_step(1, second.train)
     first_config = server_config(tmp_path / "first", server_port, secret_file)
     first = make_trainer(tiny_model_path, first_config, reward=first_reward)
-    with pytest.raises(VLLMServerTakenOver, match="taken over by another trainer: its run") as error:
+    with pytest.raises(VLLMServerTakenOver, match="taken over by another trainer: Run .* was replaced") as error:
         first.train()
-    assert second.population.backend.run_id in str(error.value)  # names the run that took over
+    assert second.population.backend.run_id not in str(error.value)  # the other run's id is not given away
     assert second.state.global_step == 1  # the second run went on undisturbed
     assert first.state.global_step == 1  # the first made no update from the step that the takeover broke
 

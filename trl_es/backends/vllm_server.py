@@ -2,10 +2,11 @@
 
 The trainer keeps its own float32 master (for checkpoints) and the server keeps one too (in the worker extension,
 `vllm_worker.py`). Both apply the same update from the same coefficients, and their digests are compared at the start
-and every `consistency_check_steps` steps. Control calls go through the server's authenticated channel
-(`control_channel.py`); each load names the load it expects the engine to still hold, so weights changed during a
-member's generation are caught before its fitness is used. A killed, restarted, foreign or taken-over server is an
-error that says which.
+and every `consistency_check_steps` steps. Every request goes through a session of the server's control channel
+(`control_client.py`): the server proves it holds the secret before anything else is sent, and every answer,
+completions included, is signed for its request. Each load names the load it expects the engine to still hold, so
+weights changed during a member's generation are caught before its fitness is used. An impostor on the port, a
+killed, restarted, foreign or taken-over server is an error that says which.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import NoReturn
 from urllib.parse import urlparse
 
 import requests
@@ -25,6 +27,7 @@ from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
 from .control_channel import CONTROL_PATH, trainer_secret
+from .control_client import ControlSession, NoControlChannel, ServerNotProven, UnknownSession, UnsignedAnswer
 from .sampling import SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ RESUME_HINT = "Restart `trl-es vllm-serve` if needed and resume training from th
 
 class VLLMServerError(RuntimeError):
     """The vLLM server cannot be used for this ES run."""
+
+
+class VLLMServerNotProven(VLLMServerError):
+    """The process answering at the server's address could not prove that it holds the control secret."""
 
 
 class VLLMServerUnreachable(VLLMServerError):
@@ -72,28 +79,73 @@ class VLLMServerBackend(OneMemberAtATime):
         self.base_url = base_url.rstrip("/")
         self.master = master
         self.timeout = timeout
-        self.session = requests.Session()
         self.run_id = uuid.uuid4().hex
         self.weights_tag = self.run_id
-        self.instance: str | None = None  # the server process that holds this run (set by `start_run`)
         self.load = "0"  # the number of the last load this run made in the engine
-        self._answered_instance: str | None = None  # the instance named by the last control answer
+        self._secret, self.secret_source = trainer_secret(secret_file, urlparse(self.base_url).port or 8000)
+        self.channel = ControlSession(self.base_url, self._secret, timeout)
+        self.instance = self._open_session(self.channel)  # the server process that holds this run's session
         self.served_model = self._served_model()
-        secret, self.secret_source = trainer_secret(secret_file, urlparse(self.base_url).port or 8000)
-        self.session.headers["Authorization"] = f"Bearer {secret}"
 
     # HTTP -----------------------------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, payload: dict | None = None) -> requests.Response:
+    def _open_session(self, channel: ControlSession) -> str:
+        """Open `channel`'s session; returns the instance id of the server that proved it holds the secret."""
         try:
-            return self.session.request(method, f"{self.base_url}{path}", json=payload, timeout=self.timeout)
+            return channel.open()
+        except (requests.ConnectionError, requests.Timeout) as error:
+            raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
+        except NoControlChannel as error:
+            raise VLLMServerError(
+                f"The server at {self.base_url} has no trl-es control channel ({error}): it is not a `trl-es "
+                f"vllm-serve` server, so it does not run the trl-es worker extension. {SERVE_HINT}"
+            ) from None
+        except ServerNotProven:
+            port = urlparse(self.base_url).port or 8000
+            raise VLLMServerNotProven(
+                f"The server at {self.base_url} could not prove that it holds the control secret from "
+                f"{self.secret_source}; nothing it could learn the secret from was sent. Either the secret is not "
+                "this server's (point `vllm_server_secret_file` to the file `trl-es vllm-serve` printed at start, or "
+                f"set TRL_ES_SERVER_SECRET to the same value for both), or another process answers on port {port} "
+                f"in its place (see who listens there: `ss -ltnp 'sport = :{port}'`)."
+            ) from None
+
+    def _request(self, method: str, path: str, payload: dict | None = None) -> requests.Response:
+        """`method path` in this run's session: an answer the server signed for it, whatever its status."""
+        try:
+            return self.channel.request(method, path, payload)
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as error:
-            if self.instance is None:
-                raise VLLMServerUnreachable(f"No vLLM server answers at {self.base_url}. {SERVE_HINT}") from error
             raise VLLMServerStopped(
                 f"The vLLM server at {self.base_url} stopped answering during the run ({method} {path}): it was "
                 f"killed or crashed, and this run's weights in it are gone. {RESUME_HINT}"
             ) from error
+        except UnknownSession:
+            self._session_lost(method, path)
+        except UnsignedAnswer as error:
+            raise VLLMServerError(
+                f"The answer to {method} {path} from {self.base_url} is not signed for this run's session "
+                f"({error}): it does not come from the server that proved it holds the secret. Another process "
+                "answers on the port or in between; stop it and resume from the last checkpoint."
+            ) from None
+
+    def _session_lost(self, method: str, path: str) -> NoReturn:
+        """The server says it knows no session of this run's: a new handshake tells a restart from the rest."""
+        try:
+            instance = self._open_session(ControlSession(self.base_url, self._secret, self.timeout))
+        except VLLMServerUnreachable as error:
+            raise VLLMServerStopped(
+                f"The vLLM server at {self.base_url} stopped answering during the run ({method} {path}). {RESUME_HINT}"
+            ) from error
+        if instance != self.instance:
+            raise VLLMServerRestarted(
+                f"The vLLM server at {self.base_url} was restarted during the run (server instance {self.instance} "
+                f"is now {instance}): the new process does not hold this run's weights. {RESUME_HINT}"
+            )
+        raise VLLMServerError(
+            f"The vLLM server at {self.base_url} dropped this run's session ({method} {path}): it keeps the latest "
+            "sessions only, and others opened many since. Give each trainer its own server, and resume from the "
+            "last checkpoint."
+        )
 
     def _served_model(self) -> str:
         response = self._request("GET", "/v1/models")
@@ -106,37 +158,17 @@ class VLLMServerBackend(OneMemberAtATime):
     def _control(self, method: str, *args) -> list:
         """Run `method` of the worker extension in every worker of the server; returns one result per worker."""
         response = self._request("POST", f"{CONTROL_PATH}{method}", {"args": [str(arg) for arg in args]})
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = {}
-        instance = answer.get("instance") if isinstance(answer, dict) else None
-        self._answered_instance = instance
-        if instance is None:
-            raise VLLMServerError(
-                f"The server at {self.base_url} has no trl-es control channel ({method} answered "
-                f"{response.status_code}): it is not a `trl-es vllm-serve` server, so it does not run the trl-es "
-                f"worker extension. {SERVE_HINT}"
-            )
-        if self.instance is not None and instance != self.instance:
-            raise VLLMServerRestarted(
-                f"The vLLM server at {self.base_url} was restarted during the run (server instance {self.instance} "
-                f"is now {instance}): the new process does not hold this run's weights. {RESUME_HINT}"
-            )
+        answer = response.json()
+        if answer.get("instance") != self.instance:  # signed by this session's key, so only a bug gets here
+            raise VLLMServerRestarted(f"The vLLM server at {self.base_url} answers as another instance. {RESUME_HINT}")
         if response.ok:
             return answer["results"]
         error, message = answer.get("error"), answer.get("message", response.text[:1000])
-        if error == "unauthorized":
-            raise VLLMServerError(
-                f"The vLLM server at {self.base_url} refused the control secret from {self.secret_source}: it is not "
-                "this server's. Point `vllm_server_secret_file` to the file the server printed at start (or set "
-                "TRL_ES_SERVER_SECRET to the same value for both)."
-            )
-        if error == "run_lost" and answer.get("current_run"):
+        if error == "run_replaced":
             raise VLLMServerTakenOver(
-                f"The vLLM server at {self.base_url} was taken over by another trainer: its run "
-                f"{answer['current_run']} replaced this run {self.run_id}, so the server's weights no longer follow "
-                f"this run. Give each trainer its own server (port), and resume from the last checkpoint."
+                f"The vLLM server at {self.base_url} was taken over by another trainer: {message} The server's "
+                f"weights no longer follow this run {self.run_id}. Give each trainer its own server (port), and "
+                "resume from the last checkpoint."
             )
         if error == "run_lost":
             raise VLLMServerError(
@@ -164,13 +196,12 @@ class VLLMServerBackend(OneMemberAtATime):
         sigma = repr(float(self.master.sigma))
         optimizer = json.dumps(dataclasses.asdict(self.master.optimizer.settings))
         started = self._control("es_init", self.run_id, names, parameter_dtype, sigma, resume_from, optimizer)
-        self.instance = self._answered_instance
         self.load = started[0]["load"]
         self.weights_tag = uuid.uuid4().hex
         replaced = started[0]["replaced"]
         if replaced:
             logger.warning(
-                f"The vLLM server at {self.base_url} was running ES run {replaced['run_id']} (last call "
+                f"The vLLM server at {self.base_url} was running another ES run (last call "
                 f"{replaced['idle_seconds']:.0f} s ago); this trainer took it over, and that run's trainer stops at "
                 "its next call."
             )

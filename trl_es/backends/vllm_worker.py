@@ -9,12 +9,15 @@ passes string arguments only. No NCCL group is needed, which is why this also wo
 
 Each method runs in every worker of the server (one per tensor-parallel rank); each keeps its own master and lets
 vLLM's `load_weights` pick its shard. Each returns `{"result": ...}`, or `{"error": kind, "message": ...}` when it
-refuses (the kinds of `control_channel.ERROR_STATUS`).
+refuses (the kinds of `control_channel.ERROR_STATUS`). The first argument of every method is the caller's session,
+which the control channel passes after checking the caller's signature: a run answers only the session that started
+it, a run id is started once, and a refusal to another session tells nothing about the run (issue 27: refusals
+echoed the run id and load number, and `es_init` with the same run id reset its master).
 
-Weights changed behind the trainer's back are caught: every load is numbered and the engine fingerprinted right
-after it (`engine_fingerprint`); after each generation the trainer calls `es_verify` with the load it expects the
-engine to hold, which checks both, so a member whose generation saw other weights, whoever wrote them, never reaches
-an update.
+Weights changed behind the trainer's back are caught: every load into the engine is numbered by a counter that never
+goes back, and the engine fingerprinted right after it (`engine_fingerprint`); after each generation the trainer calls
+`es_verify` with the load it expects the engine to hold, which checks both, so a member whose generation saw other
+weights, whoever wrote them, never reaches an update.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ keep_plain_linear_weights_on_cpu()
 class Refused(Exception):
     """A control call the worker will not carry out; `kind` is one of `control_channel.ERROR_STATUS`."""
 
-    def __init__(self, kind: str, message: str, **details):
+    def __init__(self, kind: str, message: str):
         super().__init__(message)
-        self.kind, self.details = kind, details
+        self.kind = kind
 
 
 def control_call(method):
@@ -58,7 +61,7 @@ def control_call(method):
         try:
             return {"result": method(self, *args)}
         except Refused as refusal:
-            return {"error": refusal.kind, "message": str(refusal), **refusal.details}
+            return {"error": refusal.kind, "message": str(refusal)}
 
     return call
 
@@ -133,28 +136,39 @@ class ESWorkerExtension:
     def _es_engine_fingerprint(self) -> dict:
         return engine_fingerprint(worker_model(self).named_parameters())
 
-    def _es_run(self, run_id: str) -> dict:
+    def _es_runs(self) -> dict[str, dict]:
+        """Every run started in this worker: its session, and when another run replaced it (None while it runs)."""
+        if not hasattr(self, "_es_started_runs"):
+            self._es_started_runs = {}
+        return self._es_started_runs
+
+    def _es_run(self, session: str, run_id: str) -> dict:
+        """The state of run `run_id`, if it is the worker's current run and `session` started it."""
         state = getattr(self, "_es_state", None)
-        if state is None or state["run_id"] != run_id:
-            current = None if state is None else state["run_id"]
+        if state is not None and state["run_id"] == run_id and state["session"] == session:
+            state["last_call"] = time.monotonic()
+            return state
+        started = self._es_runs().get(run_id)
+        if started is not None and started["session"] == session and started["replaced_at"] is not None:
             raise Refused(
-                "run_lost",
-                f"This vLLM server holds no ES run {run_id!r} "
-                + (f"(it serves run {current!r} now)." if current else "(it holds no run)."),
-                current_run=current,
+                "run_replaced",
+                f"Run {run_id} was replaced {time.monotonic() - started['replaced_at']:.0f} s ago by a run that "
+                "another session holding this server's secret started.",
             )
-        state["last_call"] = time.monotonic()
-        return state
+        raise Refused("run_lost", f"This session holds no run {run_id!r} in this server.")
+
+    def _es_load_count(self) -> int:
+        """Loads into the engine since the server started, whichever run made them: never reset."""
+        return getattr(self, "_es_loads", 0)
 
     def _es_check_unchanged(self, state: dict, expected_load: str, fingerprint: bool = True) -> None:
         """Refuse if the engine no longer holds load number `expected_load` (and, with `fingerprint`, exactly as it
         was written)."""
-        if int(expected_load) != state["load"]:
+        if int(expected_load) != self._es_load_count():
             raise Refused(
                 "weights_changed",
                 f"The engine's weights were rewritten during the run: the trainer expects its load #{expected_load} "
-                f"in place, but the engine holds load #{state['load']} ({state['holds']}), which another caller "
-                "holding this server's secret made.",
+                f"in place, but the engine holds load #{self._es_load_count()}.",
             )
         if not fingerprint:
             return
@@ -163,7 +177,7 @@ class ESWorkerExtension:
         if changed:
             raise Refused(
                 "weights_changed",
-                f"The engine's weights changed while it generated with {state['holds']} (load #{state['load']}) "
+                f"The engine's weights changed while it generated with {state['holds']} (load #{expected_load}) "
                 f"without any control call: something inside the server rewrote {len(changed)} tensors, e.g. "
                 f"{changed[:3]}.",
             )
@@ -172,17 +186,17 @@ class ESWorkerExtension:
         """Load `named_tensors` into the engine and record what it holds; returns the new load number."""
         dtype = next(worker_model(self).parameters()).dtype
         worker_model(self).load_weights((name, tensor.to(dtype)) for name, tensor in named_tensors)
-        state["load"] += 1
+        self._es_loads = self._es_load_count() + 1
         state["holds"], state["fingerprint"] = holds, self._es_engine_fingerprint()
-        return str(state["load"])
+        return str(self._es_loads)
 
     @control_call
-    def es_version(self) -> str:
+    def es_version(self, session: str) -> str:
         return __version__
 
     @control_call
     def es_init(
-        self, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "",
+        self, session: str, run_id: str, names_json: str, trainer_dtype: str, sigma: str, resume_from: str = "",
         optimizer_json: str = "{}",
     ) -> dict:  # fmt: skip
         """Start a run: build the master of the evolving parameters `names_json` from the served checkpoint, rounded
@@ -190,8 +204,14 @@ class ESWorkerExtension:
         checkpoint `resume_from` (weights plus the float32 masters and the `es_optimizer` state of `es_state/`),
         which must lie under the server's `--checkpoint_dir`. Members are perturbed with noise scale `sigma`;
         updates go through the optimizer of `optimizer_json` (`DirectionOptimizerSettings`' fields). A run in
-        progress is replaced (its trainer is told at its next call). Returns the master and optimizer digests, the
-        load number, and the replaced run."""
+        progress is replaced (its trainer is told at its next call); a run id is started once. Returns the master and
+        optimizer digests, the load number, and how long the replaced run had been idle."""
+        if run_id in self._es_runs():
+            raise Refused(
+                "bad_request",
+                f"Run {run_id!r} was started in this server before: a run id starts one run only (the trainer draws "
+                "a new one at every start and resume).",
+            )
         names = json.loads(names_json)
         dtype = getattr(torch, trainer_dtype)
         resumed = _resume_checkpoint(resume_from) if resume_from else None
@@ -211,14 +231,16 @@ class ESWorkerExtension:
             evolving.update(load_file(resumed / ES_STATE_DIR / MASTER_FILE, device=str(device)))
         previous = getattr(self, "_es_state", None)
         replaced = None
-        if previous is not None and previous["run_id"] != run_id:
-            replaced = {"run_id": previous["run_id"], "idle_seconds": time.monotonic() - previous["last_call"]}
+        if previous is not None:
+            replaced = {"idle_seconds": time.monotonic() - previous["last_call"]}
+            self._es_runs()[previous["run_id"]]["replaced_at"] = time.monotonic()
         master = MasterWeights(evolving, float(sigma))
         master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))
         if resumed is not None:
             metadata = json.loads((resumed / ES_STATE_DIR / META_FILE).read_text())
             master.restore_optimizer(load_optimizer_state(resumed), metadata)
-        state = {"run_id": run_id, "master": master, "frozen": frozen, "load": 0, "last_call": time.monotonic()}
+        state = dict(run_id=run_id, session=session, master=master, frozen=frozen, last_call=time.monotonic())
+        self._es_runs()[run_id] = {"session": session, "replaced_at": None}
         self._es_state = state
         load = self._es_write(state, master.tensors.items(), "the centre")
         return {
@@ -229,37 +251,37 @@ class ESWorkerExtension:
         }
 
     @control_call
-    def es_load_member(self, run_id: str, expected_load: str, seed: str, sign: str, sigma: str) -> str:
+    def es_load_member(self, session: str, run_id: str, expected_load: str, seed: str, sign: str, sigma: str) -> str:
         """Check that no other load followed load `expected_load`, then load member `(seed, sign)` at noise scale
         `sigma` (the trainer's for this step: a schedule or the adaptive sigma changes it); returns its load number."""
-        state = self._es_run(run_id)
+        state = self._es_run(session, run_id)
         self._es_check_unchanged(state, expected_load, fingerprint=False)  # `es_verify` checked it after generating
         member = Member(int(seed), int(sign))
         state["master"].sigma = float(sigma)
         return self._es_write(state, state["master"].perturbed(member), f"member (seed {seed}, sign {sign})")
 
     @control_call
-    def es_load_center(self, run_id: str, expected_load: str) -> str:
+    def es_load_center(self, session: str, run_id: str, expected_load: str) -> str:
         """Check that no other load followed load `expected_load`, then load the centre; returns its load number."""
-        state = self._es_run(run_id)
+        state = self._es_run(session, run_id)
         self._es_check_unchanged(state, expected_load, fingerprint=False)
         return self._es_write(state, state["master"].tensors.items(), "the centre")
 
     @control_call
-    def es_verify(self, run_id: str, expected_load: str) -> None:
+    def es_verify(self, session: str, run_id: str, expected_load: str) -> None:
         """After a generation: check that the engine still holds load `expected_load`, exactly as it was written."""
-        self._es_check_unchanged(self._es_run(run_id), expected_load)
+        self._es_check_unchanged(self._es_run(session, run_id), expected_load)
 
     @control_call
-    def es_apply_update(self, run_id: str, coefficients_json: str, lr: str, weight_decay: str) -> None:
+    def es_apply_update(self, session: str, run_id: str, coefficients_json: str, lr: str, weight_decay: str) -> None:
         coefficients = {int(seed): value for seed, value in json.loads(coefficients_json).items()}
-        self._es_run(run_id)["master"].apply_update(coefficients, float(lr), float(weight_decay))
+        self._es_run(session, run_id)["master"].apply_update(coefficients, float(lr), float(weight_decay))
 
     @control_call
-    def es_checksum(self, run_id: str, expected_load: str) -> dict:
+    def es_checksum(self, session: str, run_id: str, expected_load: str) -> dict:
         """The master digest, and the engine's layout-free statistics with what the master predicts for them (after
         checking that the engine still holds load `expected_load`)."""
-        state = self._es_run(run_id)
+        state = self._es_run(session, run_id)
         self._es_check_unchanged(state, expected_load)
         engine_dtype = next(worker_model(self).parameters()).dtype
         masters = state["master"].tensors.values()
