@@ -94,6 +94,7 @@ def test_the_es_card_names_the_method_dataset_rewards_and_hyperparameters(pushed
     assert "(https://huggingface.co/papers/2509.24372)" in card.text
     assert "Reward functions: `digit_fraction`." in card.text
     assert "| `population_size` | `4` |" in card.text and "| `lr_scheduler_type` | `constant` |" in card.text
+    assert "| `model_init_kwargs` | `{'token': '<TOKEN>'}` |" in card.text  # the setting, its token hidden
     assert f'model="{repo(hub, "es-tiny")}"' in card.text
 
 
@@ -122,6 +123,7 @@ def test_a_sequential_push_is_one_commit_of_the_final_model_and_its_card(pushed)
     card = ModelCard(files["README.md"].decode())
     assert card.data.datasets == "trl-lib/digits" and {"es", "grpo"} <= set(card.data.tags)
     assert "| 0 | ES | `digit_fraction` |" in card.text and "| 1 | GRPO | `digit_fraction` |" in card.text
+    assert "| `model_init_kwargs` | `{'token': '<TOKEN>'}` |" in card.text  # the ES stage's table
     assert "(https://huggingface.co/papers/2402.03300)" in card.text and "subfolder" not in card.text
 
 

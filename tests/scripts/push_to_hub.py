@@ -9,8 +9,9 @@ Used by tests/integration/test_hub_push.py, with HF_ENDPOINT on a FakeHub (tests
 - `es-tiny-logs`: the same settings with `hub_push_logs=True`, pushed once, at the end: its `runs/` go too;
 - `es-tiny-branch`: a run with `push_to_hub=True, hub_revision="es-branch"`: every save and the end of training
   pushed to a branch of a new repo;
-- `es-then-grpo-tiny`: SequentialTrainer (ES then GRPO) pushed without its stages, and `es-then-grpo-tiny-stages`
-  with them (`include_stages=True`), to branch `stages`;
+- `es-then-grpo-tiny`: SequentialTrainer (ES then GRPO, both stages loading with the token in `model_init_kwargs`,
+  the GRPO stage given `hub_token`) pushed without its stages, and `es-then-grpo-tiny-stages` with them
+  (`include_stages=True`), to branch `stages`;
 - `es-then-grpo-cli`: the same sequence pushed as `trl-es es-then-grpo --push_to_hub --hub_model_id es-then-grpo-cli
   --hub_revision cli --dataset_name ...` pushes it (`train_and_push`: its stages are done, so it only pushes).
 """
@@ -64,9 +65,10 @@ def main():
     # The token given as `hub_token`, as `--hub_token` would, and one in `model_init_kwargs`: no file saved or pushed
     # may hold either, nor a path of this machine (the secret file is never read: there is no vLLM server).
     token = os.environ["HF_TOKEN"]
+    model_kwargs = {"token": os.environ["MODEL_TOKEN"]}
     private = dict(
         report_to=["tensorboard"],
-        model_init_kwargs={"token": os.environ["MODEL_TOKEN"]},
+        model_init_kwargs=model_kwargs,
         vllm_server_secret_file=f"{cli.work_dir}/vllm-server.secret",
     )
     train_and_push_es(cli.model, f"{cli.work_dir}/es-tiny", hub_strategy="checkpoint", hub_token=token, **private)
@@ -78,8 +80,14 @@ def main():
     sequence = SequentialTrainer(
         model=cli.model,
         stages=[
-            fast_es_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2),
-            fast_grpo_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2, hub_token=token),
+            fast_es_config(cli.work_dir, max_steps=1, per_device_train_batch_size=2, model_init_kwargs=model_kwargs),
+            fast_grpo_config(
+                cli.work_dir,
+                max_steps=1,
+                per_device_train_batch_size=2,
+                hub_token=token,
+                model_init_kwargs=model_kwargs,
+            ),
         ],
         output_dir=f"{cli.work_dir}/es-then-grpo-tiny",
         reward_funcs=digit_fraction,
