@@ -7,7 +7,9 @@
 - `http.py`: [`OpenAIJudge`], an OpenAI-compatible server (`vllm serve Qwen/Qwen3-1.7B --port 8001`), over `aiohttp`;
 - `hf.py`: [`HFJudge`], an in-process Hugging Face model, generating (`mode="generate"`) or reading the score's digit
   probabilities in one forward pass (`mode="logprob"`), and [`check_judge_is_not`];
-- `panel.py`: [`JudgePanel`], several judges scoring as one (mean or median).
+- `panel.py`: [`JudgePanel`], several judges scoring as one (mean or median);
+- `prompting.py`: what a judge reads, the judge template filled with fields that cannot close their fence or end the
+  judge's turn ([`judge_prompt`], [`neutralise`]).
 """
 
 from .base import PARSE_FAILURE, Judge, JudgeError, JudgeStats, parse_judge_output

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ..prompts import Prompts, render
+from ..prompts import Prompts
 from .base import DEFAULT_PROMPTS, PARSE_FAILURE, JudgeError, JudgeStats, check_positive, parse_judge_output
+from .prompting import control_token_pattern, judge_prompt, special_tokens_of
 
 MODES = ("generate", "logprob")
 # In "logprob" mode the judge's answer is forced to start with this prefix: it skips the reasoning the prompt asks for,
@@ -21,7 +22,10 @@ class HFJudge:
     r"""
     A judge run in this process by a Hugging Face causal LM, frozen (eval mode, no gradients).
 
-    The prompt is `Prompts().judge`, as the user turn of the tokenizer's chat template when it has one.
+    The prompt is `Prompts().judge`, as the user turn of the tokenizer's chat template when it has one. In the
+    question, the rubric and the response, every special token of the judge's tokenizer (`all_special_tokens` and the
+    added tokens marked special) and every common control-token shape is escaped, and `<<<...>>>` fence markers are
+    cut (`trl_es.evolm.judges.prompting`): a response cannot end the user turn or close its fence.
 
     - `mode="generate"`: greedy decoding of up to `max_new_tokens`, parsed by [`parse_judge_output`].
     - `mode="logprob"`: one forward pass, no decoding. The answer is forced to start `{"score": 0.` and two
@@ -71,6 +75,7 @@ class HFJudge:
         self.last_raw: str | None = None
         self.last_error: str | None = None
         self._score_ids = _score_token_ids(self.tokenizer) if mode == "logprob" else None
+        self._control_tokens = control_token_pattern(special_tokens_of(self.tokenizer))
         self._waiting: list[tuple[tuple[str, str, str], asyncio.Future]] = []
 
     def __repr__(self) -> str:
@@ -88,7 +93,7 @@ class HFJudge:
         """Scores `(question, rubric, response)` items synchronously, `batch_size` at a time."""
         scores = []
         for start in range(0, len(items), self.batch_size):
-            prompts = [self._prompt_ids(item) for item in items[start : start + self.batch_size]]
+            prompts = [self.prompt_ids(*item) for item in items[start : start + self.batch_size]]
             scores += self._generate_scores(prompts) if self.mode == "generate" else self._expected_scores(prompts)
         self.stats.requests += len(items)
         return scores
@@ -107,9 +112,13 @@ class HFJudge:
             else:
                 future.set_result(scores[index])
 
-    def _prompt_ids(self, item: tuple[str, str, str]) -> list[int]:
-        question, rubric, response = item
-        prompt = render(self.prompts.judge, question=question, rubric=rubric, response=response)
+    def prompt(self, question: str, rubric: str, response: str) -> str:
+        """The judge prompt of an item (the user turn), its fields neutralised."""
+        return judge_prompt(self.prompts.judge, question, rubric, response, self._control_tokens)
+
+    def prompt_ids(self, question: str, rubric: str, response: str) -> list[int]:
+        """The token ids the judge model reads for an item: `prompt`, in the chat template when there is one."""
+        prompt = self.prompt(question, rubric, response)
         if self.tokenizer.chat_template is None:
             return self.tokenizer(prompt).input_ids
         text = self.tokenizer.apply_chat_template(
