@@ -133,8 +133,9 @@ class ESConfig(GRPOConfig):
 
         hub_push_logs (`bool`, *optional*, defaults to `False`):
             Also push the TensorBoard logs (`runs/` in `output_dir`) with the model, at every push. Off, they stay on
-            this machine: their folder and file names carry its host name. What any push or logger receives holds no
-            token, and shows each local path by its last component (`ESConfig.to_dict`).
+            this machine: their folder and file names carry its host name. `training_args.bin` is never pushed; the
+            config as the card and the loggers record it (`ESConfig.to_dict`) holds no token and names each local
+            path by its last component.
 
         > Coverage evaluation (with an `eval_dataset`)
 
