@@ -2,7 +2,7 @@
 middle of a step.
 
 Used by tests/integration/test_faults.py and tests/trainer/test_output_lock.py:
-    python train_until_killed.py MODEL OUTPUT_DIR [--kill-at-reward-call N] [--resume]
+    python train_until_killed.py MODEL OUTPUT_DIR [--kill-at-reward-call N] [--save-steps S] [--resume]
     python train_until_killed.py MODEL OUTPUT_DIR --signal TERM --signal-at-reward-call N [--signal-rank R]
         [--signal-the-launcher]
 and the same with `accelerate launch` (tests/scripts/launch.py): every run sees 4 prompts per step, so runs on any
@@ -35,6 +35,7 @@ def main():
     parser.add_argument("--signal-at-reward-call", type=int, default=None)
     parser.add_argument("--signal-rank", type=int, default=0)
     parser.add_argument("--signal-the-launcher", action="store_true")
+    parser.add_argument("--save-steps", type=int, default=2)
     parser.add_argument("--resume", action="store_true")
     cli = parser.parse_args()
 
@@ -56,7 +57,7 @@ def main():
         per_device_train_batch_size=PROMPTS_PER_STEP // processes,
         max_steps=6,
         save_strategy="steps",
-        save_steps=2,
+        save_steps=cli.save_steps,
         **MOVING,
     )
     trainer = ESTrainer(model=cli.model, reward_funcs=digit_reward, args=args, train_dataset=digit_prompts(8))
