@@ -104,7 +104,7 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step_and_the_checkpoint_r
     assert preempted.returncode != 0  # accelerate launch reports the ranks' 143 and exits with 1
     assert "exitcode  : 143" in preempted.stderr, preempted.stderr[-3000:]
     assert [(tmp_path / f"stopped_rank{rank}").read_text() for rank in (0, 1)] == ["4", "4"]
-    assert "Received SIGTERM by process [1] of 2 during step 4" in preempted.stderr
+    assert "Received SIGTERM on process 1 of 2 during step 4" in preempted.stderr
     assert checkpoint_names(tmp_path) == ["checkpoint-4"]
     assert checkpoint_problem(tmp_path / "checkpoint-4") is None
     assert not (tmp_path / LOCK_FILE).exists()
@@ -125,7 +125,7 @@ def test_a_signal_to_accelerate_launch_stops_every_rank_after_the_same_step(
     flags = ["--signal", name, "--signal-at-reward-call", 5, "--signal-the-launcher"]
     preempted = launch(2, tiny_model_path, tmp_path, *flags, script=SCRIPT)
     assert preempted.returncode == status, preempted.stderr[-3000:]
-    assert f"Received SIG{name} by every process during step 3" in preempted.stderr
+    assert f"Received SIG{name} on every process during step 3" in preempted.stderr
     assert [(tmp_path / f"stopped_rank{rank}").read_text() for rank in (0, 1)] == ["3", "3"]
     assert checkpoint_problem(tmp_path / "checkpoint-3") is None
 

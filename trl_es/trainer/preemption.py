@@ -97,8 +97,10 @@ class PreemptionCallback(TrainerCallback):
         processes = len(self.signals)
         receivers = [rank for rank, number in enumerate(self.signals) if number]
         where = ""
-        if processes > 1:
-            where = " by every process" if len(receivers) == processes else f" by process {receivers} of {processes}"
+        if processes > 1 and len(receivers) == processes:
+            where = " on every process"
+        elif processes > 1:
+            where = f" on process{'es' if len(receivers) > 1 else ''} {', '.join(map(str, receivers))} of {processes}"
         code = 128 + max(self.signals)
         return (
             f"Received {' and '.join(names)}{where} during step {step}: training stopped after that step "
@@ -123,8 +125,8 @@ def stop_on_preemption(trainer) -> Iterator[PreemptionCallback]:
         names = " and ".join(signal.Signals(number).name for number in PREEMPTION_SIGNALS)
         warnings.warn(
             f"train() runs outside the main thread, where Python cannot install signal handlers: {names} will not "
-            "stop this run with a checkpoint (their default action ends the process). Call train() from the main "
-            "thread to stop cleanly on a cluster's preemption signals.",
+            "stop this run with a checkpoint (the handlers in place act on them; by default they end the process). "
+            "Call train() from the main thread to stop cleanly on a cluster's preemption signals.",
             UserWarning,
             stacklevel=4,
         )
