@@ -155,3 +155,20 @@ def test_a_field_changed_after_construction_is_checked_when_training_starts(
     with pytest.raises(ValueError, match=message):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def test_a_prompt_that_leaves_no_room_for_a_completion_is_refused_naming_it(tiny_model_path, make_config):
+    """Issue 27: prompts longer than the model's positions ran silently. The tiny model has 512 positions."""
+    prompts = [f"Item {k}:" for k in range(8)]
+    prompts[1] = "Item " * 400
+    config = make_config(max_steps=2, max_completion_length=6)
+    dataset = Dataset.from_dict({"prompt": prompts})
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=dataset)
+    refusal = (
+        r"Prompt \d of this batch \('Item Item .*\) is \d+ tokens long .* context of 512 tokens holds prompts of "
+        "at most 506 tokens"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        trainer.train()
+    with pytest.raises(ValueError, match=refusal):  # evaluation too
+        trainer.evaluate(eval_dataset=dataset.select(range(4)))

@@ -63,7 +63,7 @@ from .noise_scale import NoiseScale
 from .output_lock import hold_output_dir
 from .preemption import stop_on_preemption
 from .reward_checks import checked_reward_function
-from .rollouts import tokenize_prompts, tokenizer_of
+from .rollouts import check_prompts_fit, context_length, tokenize_prompts, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
 from .scoring import score_members
 
@@ -195,6 +195,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         self.vllm_importance_sampling_correction = False
         self.sampling = SamplingSettings.from_config(args)
         self.tokens = TokenIds.of(self.model, tokenizer_of(self.processing_class))
+        self.context_length = context_length(self.model, args)  # prompt + completion tokens generation can hold
         self.answer_extractor = args.answer_extractor()
         self._population: Population | None = None
         self._kl_probe_prompts = kl_probe_prompts
@@ -282,6 +283,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         members = population_members(args.member_noise_seed, step, args.population_size, args.antithetic)
         prompts = [example["prompt"] for example in inputs]
         prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
+        check_prompts_fit(prompts, prompt_ids, args.max_completion_length, self.context_length)
 
         # Every member answers the same prompts; with sampling, row j of every member uses the same seed.
         completion_ids = population.backend.generate(

@@ -12,7 +12,7 @@ from ..core.fitness import weighted_rewards
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.trainer_coverage import measure_trainer
-from .rollouts import decode_completions, tokenize_prompts
+from .rollouts import check_prompts_fit, decode_completions, tokenize_prompts
 from .step_logging import log_completion_lengths, log_rewards, mean_or_none
 
 
@@ -22,6 +22,7 @@ def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
     prompt_ids = tokenize_prompts(
         trainer.processing_class, prompts, trainer.chat_template, trainer.chat_template_kwargs
     )
+    check_prompts_fit(prompts, prompt_ids, trainer.args.max_completion_length, trainer.context_length)
     seed = sampling_seed(trainer.args.seed, f"eval-{trainer.state.global_step}")
     completion_ids = trainer.population.backend.generate_center(prompt_ids, trainer.sampling, seed)
     completions = decode_completions(trainer.processing_class, prompts, prompt_ids, completion_ids)

@@ -8,6 +8,8 @@ import torch
 from trl.chat_template_utils import parse_response
 from trl.data_utils import is_conversational
 
+from .reward_checks import short_repr
+
 
 def tokenizer_of(processing_class):
     """The tokenizer of a tokenizer or of a processor (vision-language models)."""
@@ -37,6 +39,39 @@ def tokenize_prompts(
         )
         return [list(ids) for ids in tokenized["input_ids"]]
     return [list(ids) for ids in processing_class(text=prompts)["input_ids"]]
+
+
+def context_length(model, args) -> int | None:
+    """The longest prompt plus completion the generation backend holds: `vllm_max_model_length` when vLLM generates
+    with one set, else the model's positions (`max_position_embeddings`, of the text model for a VLM); None when the
+    model does not say."""
+    if args.use_vllm and args.vllm_max_model_length:
+        return args.vllm_max_model_length
+    config = getattr(model.config, "text_config", None) or model.config
+    return getattr(config, "max_position_embeddings", None)
+
+
+def check_prompts_fit(
+    prompts: list, prompt_ids: list[list[int]], max_completion_length: int, context: int | None
+) -> None:
+    """Refuse prompts that leave no room for a whole completion in the model's `context` (issue 27: they ran
+    silently, their completions cut by the positions instead of `max_completion_length`, or generated past the
+    positions the model was trained on)."""
+    if context is None:
+        return
+    longest = context - max_completion_length
+    too_long = [index for index, ids in enumerate(prompt_ids) if len(ids) > longest]
+    if too_long:
+        first = too_long[0]
+        count = len(prompt_ids[first])
+        raise ValueError(
+            f"Prompt {first} of this batch ({short_repr(prompts[first])}) is {count} tokens long ({len(too_long)} "
+            f"prompts of the batch are too long): with max_completion_length={max_completion_length}, the model's "
+            f"context of {context} tokens holds prompts of at most {longest} tokens. Filter the dataset, e.g. "
+            "`dataset = dataset.filter(lambda row: len(tokenizer.apply_chat_template(row['prompt'], "
+            f"add_generation_prompt=True)['input_ids']) <= {longest})` (`len(tokenizer(row['prompt']).input_ids)` "
+            "for text prompts), or lower max_completion_length."
+        )
 
 
 def decode_completions(
