@@ -3,6 +3,7 @@ stage keeps GRPO's defaults for the fields ES redefines and copies the other fla
 and a bad override or an invalid GRPO stage says what to change."""
 
 import pytest
+import torch
 from trl import GRPOConfig
 
 from trl_es import ESConfig
@@ -91,3 +92,27 @@ def test_an_invalid_grpo_stage_says_to_use_grpo_overrides(tmp_path):
     args = es_args(tmp_path, per_device_train_batch_size=4)  # GRPO's 8 completions per prompt do not fit
     with pytest.raises(ValueError, match=r"(?s)The GRPO stage's GRPOConfig is invalid: .*--grpo_overrides"):
         stage_configs(args)
+
+
+def test_a_grpo_stage_trains_with_a_config_whose_pickle_and_logged_settings_hold_no_token(tmp_path):
+    """Issue 27: a GRPO stage's training_args.bin held its hub_token and any token in model_init_kwargs."""
+    import io
+    import pickle
+
+    from trl_es.sequential.stage_configs import training_config
+
+    token = "hf_" + "q" * 34
+    grpo = GRPOConfig(str(tmp_path), hub_token=token, model_init_kwargs={"token": token}, bf16=False)
+    stage_args = training_config(grpo)
+    assert isinstance(stage_args, GRPOConfig) and stage_args.hub_token == token  # trains with the real values
+    assert stage_args.model_init_kwargs == {"token": token} and stage_args.learning_rate == grpo.learning_rate
+    buffer = io.BytesIO()
+    torch.save(stage_args, buffer)  # as the Trainer writes training_args.bin
+    assert token.encode() not in buffer.getvalue()
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    assert loaded.hub_token is None and loaded.model_init_kwargs == {"token": None}
+    assert token not in stage_args.to_json_string() and token not in repr(stage_args)
+    assert str(tmp_path) not in stage_args.to_json_string()  # what loggers record names no local path either
+    assert token.encode() not in pickle.dumps(stage_args)
+    es = training_config(ESConfig(str(tmp_path), hub_token=token))
+    assert type(es) is ESConfig and es.hub_token == token

@@ -42,3 +42,15 @@ def test_every_setting_that_changes_the_run_is_compared_on_resume(make_config, n
     saved_settings = json.loads(json.dumps(run_settings(make_config(**{name: saved}))))  # as es_state.json holds them
     changed = changed_run_settings(saved_settings, make_config(**{name: current}))
     assert changed[name] == (saved, current)
+
+
+def test_a_secret_inside_a_run_setting_is_recorded_as_a_placeholder(make_config):
+    """Issue 27: checkpoints (`es_state.json`, pushed with `hub_strategy="checkpoint"`) recorded `generation_kwargs`
+    and `chat_template_kwargs` as given, secrets included."""
+    key = "sk-" + "k" * 40
+    config = make_config(generation_kwargs={"api_key": key, "top_k": 3})
+    recorded = run_settings(config)
+    assert recorded["generation_kwargs"] == {"api_key": "<API_KEY>", "top_k": 3}
+    assert key not in json.dumps(recorded)
+    assert changed_run_settings(recorded, make_config(generation_kwargs={"api_key": "another", "top_k": 3})) == {}
+    assert "generation_kwargs" in changed_run_settings(recorded, make_config(generation_kwargs={"top_k": 4}))

@@ -16,6 +16,7 @@ derived again for every stage, and the stages never push to the Hub themselves: 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -30,6 +31,7 @@ from trl import GRPOConfig
 
 from ..trainer.es_config import ESConfig
 from ..trainer.grpo_conversion import GRPO_ONLY_FIELDS, field_default
+from ..trainer.redaction import SettingsWithoutSecrets
 
 ORDERS = ("es-then-grpo", "grpo-then-es")
 
@@ -227,3 +229,20 @@ def _warn_about_es_only_values(chosen: dict[str, Any], grpo_overrides: dict[str,
             UserWarning,
             stacklevel=3,
         )
+
+
+@dataclass(repr=False)
+class GRPOStageConfig(SettingsWithoutSecrets, GRPOConfig):
+    """The [`~trl.GRPOConfig`] a GRPO stage trains with: the same settings, and what leaves the process holds no
+    secret, as with an [`ESConfig`] (its `training_args.bin`, what its loggers record, its printed form)."""
+
+
+def training_config(args: ESConfig | GRPOConfig) -> ESConfig | GRPOConfig:
+    """A copy of a stage's config to train with (not `dataclasses.replace`, which would re-run `__post_init__`): a
+    plain `GRPOConfig` becomes a [`GRPOStageConfig`] with the same values (issue 27: a GRPO stage's
+    `training_args.bin` held its `hub_token` and any token in `model_init_kwargs`)."""
+    if type(args) is not GRPOConfig:
+        return copy.copy(args)
+    stage_args = object.__new__(GRPOStageConfig)
+    stage_args.__dict__.update(args.__dict__)
+    return stage_args

@@ -7,7 +7,6 @@ stage loads it from there, so every hand-over is an ordinary Hugging Face checkp
 
 from __future__ import annotations
 
-import copy
 import gc
 import os
 import shutil
@@ -28,6 +27,7 @@ from ..trainer.es_config import ESConfig
 from ..trainer.es_trainer import ESTrainer
 from ..trainer.model_card import (
     generate_sequential_model_card,
+    hub_id_or_none,
     reward_function_names,
     stage_hyperparameters,
     stage_papers,
@@ -36,6 +36,7 @@ from ..trainer.model_card import (
 from ..trainer.output_lock import hold_output_dir
 from ..trainer.preemption import stop_on_preemption
 from ..trainer.vllm_engine import release_vllm_engine
+from .stage_configs import training_config
 
 FINAL_DIR = "final"
 DATASET_DIR = "dataset"
@@ -155,7 +156,7 @@ class SequentialTrainer:
     ) -> None:
         """Write `README.md` in the final model's folder: the base model, the dataset (`dataset_name`, a Hub id),
         every stage with its method, reward functions and hyperparameters, and the papers."""
-        base_model = None if Path(self.model).is_dir() else self.model
+        base_model = hub_id_or_none(self.model)  # a local path stays private
         stages = [
             {
                 "method": f"{s.method.upper()} ({s.name})" if s.name else s.method.upper(),
@@ -240,7 +241,7 @@ class SequentialTrainer:
         )
 
     def _run_stage(self, index: int, stage: Stage, model: str) -> None:
-        args = copy.copy(stage.args)  # not dataclasses.replace: that would re-run the configs' __post_init__
+        args = training_config(stage.args)
         args.output_dir = str(self.stage_dir(index))
         if stage.method == "es" and index > 0 and args.noise_seed is None:
             args.noise_seed = derive_seed(args.seed, "stage", index)  # not a replay of an earlier ES stage's noise

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -16,11 +14,13 @@ from ..core.lowrank import OTHER_PARAMETERS
 from ..core.sigma_schedule import SIGMA_SCHEDULES
 from .config_checks import PERTURBATIONS, check_after_grpo, check_before_grpo, import_function
 from .grpo_conversion import es_overrides_of
-from .redaction import pickle_state, public, without_secrets
+from .redaction import SettingsWithoutSecrets
 
 
-@dataclass
-class ESConfig(GRPOConfig):
+# What leaves the process holds no secret (`SettingsWithoutSecrets`: the pickle in `training_args.bin`, what loggers
+# record, the printed config); `repr=False` keeps the mixin's `__repr__`.
+@dataclass(repr=False)
+class ESConfig(SettingsWithoutSecrets, GRPOConfig):
     r"""
     Configuration class for the [`ESTrainer`].
 
@@ -354,40 +354,6 @@ class ESConfig(GRPOConfig):
             "generate in with `model_init_kwargs={'dtype': 'bfloat16'}`."
         },
     )
-
-    # What leaves the process holds no secret (trl_es.trainer.redaction): transformers pickles the whole config into
-    # `training_args.bin` at every save, and loggers record `to_dict()` (W&B, MLflow, Comet...), `to_json_string()` and
-    # `to_sanitized_dict()` (TensorBoard). Copies keep every value (`copy.copy` would otherwise use the pickle state).
-    def __getstate__(self) -> dict:
-        """The pickle's state (`training_args.bin`): every secret None, at any depth (`hub_token`,
-        `model_init_kwargs["token"]`...); local paths stay, since the file stays local (pushes leave it out)."""
-        return pickle_state(self.__dict__)
-
-    def __copy__(self) -> ESConfig:
-        copied = object.__new__(type(self))
-        copied.__dict__.update(self.__dict__)
-        return copied
-
-    def __deepcopy__(self, memo: dict) -> ESConfig:
-        copied = object.__new__(type(self))
-        memo[id(self)] = copied
-        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        return copied
-
-    def to_dict(self) -> dict:
-        """The settings as loggers and `to_json_string` record them: as [`~transformers.TrainingArguments.to_dict`]
-        gives them, with every secret at any depth replaced by a placeholder (`<HUB_TOKEN>`, `<TOKEN>`) and every local
-        path (`output_dir`, `vllm_server_secret_file`, a path inside `model_init_kwargs`...) by its last component.
-        Copy a config with `copy.copy` or `dataclasses.replace`, not through this."""
-        return public(super().to_dict())
-
-    def __str__(self) -> str:
-        """As `TrainingArguments` prints itself, with the secrets of nested settings hidden too (local paths stay)."""
-        settings = without_secrets({spec.name: getattr(self, spec.name) for spec in dataclasses.fields(self)})
-        lines = "".join(f"{name}={value},\n" for name, value in sorted(settings.items()))
-        return f"{type(self).__name__}(\n{lines})"
-
-    __repr__ = __str__
 
     def __post_init__(self):
         check_before_grpo(self)

@@ -10,6 +10,8 @@ component (`run`), which names the folder without saying where on the machine it
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import PurePosixPath, PureWindowsPath
@@ -84,3 +86,45 @@ def pickle_state(state: dict[str, Any]) -> dict[str, Any]:
     """An object's `__dict__` as its pickle may hold it: every secret None (a config loaded back then logs in as the
     machine it runs on does), everything else as it is, local paths included."""
     return without_secrets(state, replace=lambda key: None)
+
+
+class SettingsWithoutSecrets:
+    """A mixin for `TrainingArguments` dataclasses (placed before them in the bases; the dataclass declared with
+    `repr=False`, so that it keeps `__repr__`): what leaves the process holds no secret.
+
+    - the pickle (`training_args.bin`, which transformers writes at every save): every secret None, local paths kept;
+    - `to_dict` (what `to_json_string`, `to_sanitized_dict` and every logger record): as transformers gives it, with
+      secrets as placeholders and local paths by their last component;
+    - `str` and `repr`: secrets hidden at any depth (transformers hides the top-level `*_token` fields only).
+
+    Copies (`copy.copy`, `copy.deepcopy`) keep every value.
+    """
+
+    def __getstate__(self) -> dict:
+        return pickle_state(self.__dict__)
+
+    def __copy__(self):
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict):
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
+
+    def to_dict(self) -> dict:
+        """The settings as loggers and `to_json_string` record them: as [`~transformers.TrainingArguments.to_dict`]
+        gives them, with every secret at any depth replaced by a placeholder (`<HUB_TOKEN>`, `<TOKEN>`) and every local
+        path (`output_dir`, `vllm_server_secret_file`, a path inside `model_init_kwargs`...) by its last component.
+        Copy a config with `copy.copy` or `dataclasses.replace`, not through this."""
+        return public(super().to_dict())
+
+    def __str__(self) -> str:
+        """As `TrainingArguments` prints itself, with the secrets of nested settings hidden too (local paths stay)."""
+        settings = without_secrets({spec.name: getattr(self, spec.name) for spec in dataclasses.fields(self)})
+        lines = "".join(f"{name}={value},\n" for name, value in sorted(settings.items()))
+        return f"{type(self).__name__}(\n{lines})"
+
+    __repr__ = __str__

@@ -3,6 +3,8 @@ in the model card, from one list."""
 
 from __future__ import annotations
 
+from .redaction import without_secrets
+
 # The settings that decide what a run computes from a given checkpoint: resuming with another value of any of them
 # does not continue the original run. In the order the model card lists them: the method, what a member is scored
 # on, the batch. (The number of processes is not one: ES gives the same weights on any. Nor are `max_steps` and
@@ -81,8 +83,9 @@ def card_setting_names(args) -> tuple[str, ...]:
 
 
 def run_settings(args) -> dict[str, object]:
-    """The values of the run settings, JSON-ready, as a checkpoint records them."""
-    return {name: _json_value(getattr(args, name)) for name in run_setting_names(args)}
+    """The values of the run settings, JSON-ready, as a checkpoint records them: a secret inside one (an API key in
+    `generation_kwargs`) as a placeholder, since checkpoints are pushed (`hub_strategy="checkpoint"`)."""
+    return {name: without_secrets(_json_value(getattr(args, name))) for name in run_setting_names(args)}
 
 
 def changed_run_settings(saved: dict, args) -> dict[str, tuple[object, object]]:
