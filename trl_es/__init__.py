@@ -15,6 +15,8 @@ from ._version import __version__
 _EXPORTS = {
     "ESConfig": "trl_es.trainer.es_config",
     "ESTrainer": "trl_es.trainer.es_trainer",
+    "TrainingPreempted": "trl_es.trainer.preemption",
+    "OutputDirInUseError": "trl_es.trainer.output_lock",
     "SequentialTrainer": "trl_es.sequential.trainer",
     "Stage": "trl_es.sequential.trainer",
     "CoverageEvalCallback": "trl_es.trainer.callbacks",
@@ -37,9 +39,11 @@ __all__ = [
     "ESTrainer",
     "EvolmConfig",
     "EvolmTrainer",
+    "OutputDirInUseError",
     "PopulationBackend",
     "SequentialTrainer",
     "Stage",
+    "TrainingPreempted",
     "__version__",
     "benchmark_dataset",
     "coverage_report",
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
     from .trainer.callbacks import CoverageEvalCallback
     from .trainer.es_config import ESConfig
     from .trainer.es_trainer import ESTrainer
+    from .trainer.output_lock import OutputDirInUseError
+    from .trainer.preemption import TrainingPreempted
 
 
 def __getattr__(name: str):

@@ -24,6 +24,14 @@ def whole_batch(accelerator: Accelerator, local_inputs: list) -> list:
     return gather_object(local_inputs)
 
 
+def every_process_value(accelerator: Accelerator, value: int) -> list[int]:
+    """Each process's `value`, in process order, known to every process (one integer per process, gathered): e.g.
+    the preemption signal each received, so that all stop after the same step."""
+    if accelerator.num_processes == 1:
+        return [value]
+    return accelerator.gather(torch.tensor([value], device=accelerator.device)).tolist()
+
+
 def check_population_divides(population_size: int, num_processes: int) -> None:
     if population_size % num_processes:
         lower = population_size - population_size % num_processes

@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..core.distributed import every_process_value
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +53,9 @@ class TrainingPreempted(SystemExit):
         return self.message
 
 
-def agreed_signals(accelerator, received: int) -> list[int]:
-    """The signal number each process has received (0: none), known to every process: one integer per process."""
-    if accelerator.num_processes == 1:
-        return [received]
-    return accelerator.gather(torch.tensor([received], device=accelerator.device)).tolist()
-
-
 class PreemptionCallback(TrainerCallback):
     """Stops training after the step in which any process received a preemption signal: at every step end the
-    processes agree (`agreed_signals`); after a signal the step is logged and checkpointed (not evaluated: the
+    processes agree (`every_process_value`); after a signal the step is logged and checkpointed (not evaluated: the
     scheduler's grace period is short), and once the checkpoint is written `TrainingPreempted` is raised. A signal
     received during the last step lets training end as usual."""
 
@@ -75,7 +69,7 @@ class PreemptionCallback(TrainerCallback):
         self.received = max(self.received, signal_number)
 
     def on_step_end(self, args, state, control, **kwargs):
-        signals = agreed_signals(self.accelerator, self.received)
+        signals = every_process_value(self.accelerator, self.received)
         if any(signals) and state.global_step < state.max_steps:
             self.signals = signals
             control.should_save = control.should_log = control.should_training_stop = True
