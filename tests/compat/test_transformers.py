@@ -3,6 +3,7 @@ reorders one fails here, with the transformers version in the message."""
 
 import inspect
 
+import torch
 import transformers
 from transformers import Trainer
 
@@ -81,3 +82,73 @@ def test_a_push_leaves_out_the_pickled_arguments_and_the_logs_unless_asked(tmp_p
         hooks = TrainerHooks()
         hooks.args = ESConfig(str(tmp_path), hub_push_logs=hub_push_logs)
         assert list(filter_repo_objects(files, ignore_patterns=hooks.hub_ignore_patterns())) == pushed
+
+
+class EpochShuffle(torch.utils.data.Sampler):
+    """A shuffle that is a function of the epoch only, as trl-es's `EpochSeededRepeatSampler`."""
+
+    def __init__(self, size: int):
+        self.size, self.epoch = size, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(torch.randperm(self.size, generator=torch.Generator().manual_seed(self.epoch)).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class Recorder(torch.nn.Module):
+    """A one-weight model that records the examples of each batch it trains on."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.batches = []
+
+    def forward(self, x):
+        self.batches.append(x.flatten().tolist())
+        return {"loss": (self.weight * x).sum()}
+
+
+class FirstOfTwoShards(TrainerHooks, Trainer):
+    """A Trainer whose train dataloader is process 0's of 2, as `accelerate launch --num_processes 2` prepares it:
+    a `BatchSamplerShard` over the `BatchSampler` over the sampler that `wrap_train_sampler` gives."""
+
+    def wrap_train_sampler(self, sampler):
+        return EpochShuffle(len(self.train_dataset))
+
+    def get_train_dataloader(self):
+        from accelerate.data_loader import prepare_data_loader
+        from transformers import default_data_collator
+
+        sampler = self._get_train_sampler(self.train_dataset)
+        loader = torch.utils.data.DataLoader(
+            self.train_dataset, batch_size=2, sampler=sampler, collate_fn=default_data_collator
+        )
+        return prepare_data_loader(loader, num_processes=2, process_index=0, put_on_device=False)
+
+
+def test_the_wrapped_sampler_replays_its_epoch_when_a_sharded_run_resumes_mid_epoch(tmp_path):
+    """8 examples, 2 a batch, 2 shards: 2 steps an epoch, so checkpoint-3 is halfway through epoch 1. The skipped
+    batch wraps the shard in one more sampler, past the Trainer's and accelerate's `set_epoch`."""
+    from transformers import TrainingArguments
+
+    dataset = [{"x": torch.tensor([float(index)])} for index in range(8)]
+
+    def trainer():
+        args = TrainingArguments(
+            str(tmp_path), per_device_train_batch_size=2, num_train_epochs=3, save_strategy="steps", save_steps=3,
+            report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=0.0,
+        )  # fmt: skip
+        return FirstOfTwoShards(model=Recorder(), args=args, train_dataset=dataset)
+
+    whole = trainer()
+    whole.train()
+    assert len(whole.model.batches) == 6
+    assert whole.model.batches[:2] != whole.model.batches[2:4], "the epochs should be shuffled differently"
+    resumed = trainer()
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert resumed.model.batches == whole.model.batches[3:], f"{TRANSFORMERS}: the resumed epoch lost its shuffle"

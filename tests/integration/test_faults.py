@@ -95,18 +95,17 @@ def test_sigusr1_mid_step_exits_138_with_a_complete_checkpoint(tmp_path, tiny_mo
 def test_sigterm_to_one_rank_stops_both_after_the_same_step_and_the_checkpoint_resumes(
     tmp_path, tiny_model_path, uninterrupted
 ):
-    # 2 processes of 2 members each: rank 1's reward call 7 is in step 4; rank 0 never receives the signal. Step 4
-    # ends an epoch (8 prompts, 4 a step): a resume of several processes in the middle of an epoch replays epoch 0's
-    # shuffle, a bug of its own (transformers skips the resumed batches past the sampler's set_epoch). save_steps=5:
-    # the only checkpoint is the one the signal made.
-    flags = ["--save-steps", 5, "--signal", "TERM", "--signal-at-reward-call", 7, "--signal-rank", 1]
+    # 2 processes of 2 members each: rank 1's reward call 5 is in step 3; rank 0 never receives the signal. Step 3 is
+    # halfway through epoch 1 (8 prompts, 4 a step), so the resume replays that epoch's shuffle on both processes.
+    # save_steps=5: the only checkpoint is the one the signal made.
+    flags = ["--save-steps", 5, "--signal", "TERM", "--signal-at-reward-call", 5, "--signal-rank", 1]
     preempted = launch(2, tiny_model_path, tmp_path, *flags, script=SCRIPT)
     assert preempted.returncode != 0  # accelerate launch reports the ranks' 143 and exits with 1
     assert "exitcode  : 143" in preempted.stderr, preempted.stderr[-3000:]
-    assert [(tmp_path / f"stopped_rank{rank}").read_text() for rank in (0, 1)] == ["4", "4"]
-    assert "Received SIGTERM on process 1 of 2 during step 4" in preempted.stderr
-    assert checkpoint_names(tmp_path) == ["checkpoint-4"]
-    assert checkpoint_problem(tmp_path / "checkpoint-4") is None
+    assert [(tmp_path / f"stopped_rank{rank}").read_text() for rank in (0, 1)] == ["3", "3"]
+    assert "Received SIGTERM on process 1 of 2 during step 3" in preempted.stderr
+    assert checkpoint_names(tmp_path) == ["checkpoint-3"]
+    assert checkpoint_problem(tmp_path / "checkpoint-3") is None
     assert not (tmp_path / LOCK_FILE).exists()
 
     resumed = launch(2, tiny_model_path, tmp_path, "--save-steps", 5, "--resume", script=SCRIPT)

@@ -1,10 +1,16 @@
-"""Population-parallel ES: P processes split the members of every step and end with the 1-process weights."""
+"""Population-parallel ES: P processes split the members of every step and end with the 1-process weights, also
+when they resume from a checkpoint."""
+
+import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from scripts.launch import launch
 from scripts.paths import SCRIPTS
+
+UNTIL_KILLED = SCRIPTS / "train_until_killed.py"
 
 
 def needs_vllm():
@@ -57,6 +63,25 @@ def test_two_processes_shard_the_adam_state_save_it_whole_and_resume_bitwise(tmp
         load_file(tmp_path / "two" / "master.safetensors"),
     )
     assert all(torch.equal(single[k], again[k]) for k in single)
+
+
+@pytest.mark.slow
+def test_two_processes_resume_bitwise_from_a_checkpoint_in_the_middle_of_an_epoch(tmp_path, tiny_model_path):
+    """8 prompts, 4 a step: checkpoint-3 is halfway through epoch 1, so the resume skips that epoch's first batch
+    and must replay epoch 1's shuffle (skipping wraps the sharded sampler once more, past accelerate's set_epoch)."""
+    flags = ["--save-steps", 3]
+    whole = launch(2, tiny_model_path, tmp_path, *flags, script=UNTIL_KILLED)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    uninterrupted = load_file(tmp_path / "final" / "model.safetensors")
+    assert json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())["epoch"] == 1.5
+    for later in ("checkpoint-6", "final"):
+        shutil.rmtree(tmp_path / later)
+
+    resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume", script=UNTIL_KILLED)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    weights = load_file(tmp_path / "final" / "model.safetensors")
+    assert weights.keys() == uninterrupted.keys()
+    assert all(torch.equal(weights[k], uninterrupted[k]) for k in weights)
 
 
 @pytest.mark.slow

@@ -3,13 +3,15 @@
 `Trainer` has no public hook for four things ESTrainer needs: wrapping the train sampler, writing extra state into
 each checkpoint, reading it back on resume, and leaving files out of its pushes to the Hub. Its private methods (and
 the `HfApi` its pushes upload through) are the hooks; [`TrainerHooks`] overrides them and calls methods with public
-names instead.
+names instead. It also gives the wrapped sampler its epoch where the Trainer's own call misses it ([`SamplerEpochs`]).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from transformers import TrainerCallback
 
 # The transformers privates used here, by function or class.
 PRIVATE_NAMES = {
@@ -34,7 +36,8 @@ class TrainerHooks:
     """A mixin, placed before the `Trainer` subclass in the bases, that turns four private hooks of transformers'
     `Trainer` into public ones. Override these:
 
-    - `wrap_train_sampler(sampler)`: the sampler training uses, given the one the parent built;
+    - `wrap_train_sampler(sampler)`: the sampler training uses, given the one the parent built; if it has
+      `set_epoch(epoch)`, that is called as each epoch begins, also the epoch a resume continues ([`SamplerEpochs`]);
     - `save_extra_state(output_dir)`: called in every checkpoint save after the optimizer and scheduler are written
       and before `trainer_state.json` (which the Trainer writes last, so a checkpoint with a Trainer state always has
       this state too);
@@ -68,7 +71,11 @@ class TrainerHooks:
             super()._push_from_checkpoint(checkpoint_folder)
 
     def _get_train_sampler(self, *args, **kwargs):
-        return self.wrap_train_sampler(super()._get_train_sampler(*args, **kwargs))
+        sampler = self.wrap_train_sampler(super()._get_train_sampler(*args, **kwargs))
+        self.callback_handler.pop_callback(SamplerEpochs)  # the sampler of an earlier `train()`, if any
+        if hasattr(sampler, "set_epoch"):
+            self.add_callback(SamplerEpochs(sampler))
+        return sampler
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
@@ -78,6 +85,24 @@ class TrainerHooks:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.load_extra_state(checkpoint)
+
+
+class SamplerEpochs(TrainerCallback):
+    """Calls `sampler.set_epoch(epoch)` as each epoch of training begins, with the epoch the Trainer runs next: the
+    whole part of `state.epoch`, which a resume reads from the checkpoint (2.5 halfway through epoch 2).
+
+    Accelerate's `DataLoaderShard.set_epoch` looks for `set_epoch` on its batch sampler, that one's `sampler` and its
+    `batch_sampler.sampler`, and transformers adds `batch_sampler.batch_sampler`. With several processes the sampler
+    sits in a `BatchSampler` in a `BatchSamplerShard`, within reach; a resume in the middle of an epoch
+    (`skip_first_batches`) puts a `SkipBatchSampler` over them, out of reach of both, and the resumed epoch would
+    replay the sampler's previous order: epoch 0's, in a fresh process.
+    """
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.sampler.set_epoch(int(state.epoch))
 
 
 @contextmanager

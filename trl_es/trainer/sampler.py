@@ -1,8 +1,9 @@
 """GRPO's prompt sampler, made resumable: each epoch's shuffle is a function of (seed, epoch).
 
 TRL's `RepeatSampler` draws every epoch's permutation from one generator seeded once, so a run resumed in epoch k
-replays epoch 0's order instead of epoch k's. The Trainer calls `set_epoch` before each epoch (also after a resume),
-which is all this sampler needs to give the uninterrupted order.
+replays epoch 0's order instead of epoch k's. `set_epoch` is called as each epoch begins, also the epoch a resume
+continues, on any number of processes (`TrainerHooks` sees to it, where the Trainer's own call cannot reach the
+sampler), which is all this sampler needs to give the uninterrupted order.
 """
 
 from __future__ import annotations
