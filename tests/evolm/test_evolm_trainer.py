@@ -2,9 +2,15 @@
 answers), ES phases with noise of their own, and a resumed run that reuses what an interrupted one built."""
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from datasets import Dataset, load_from_disk
@@ -14,8 +20,10 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl_es import ESConfig
 from trl_es.core.noise import derive_seed
+from trl_es.evolm.judges import JudgeError
 from trl_es.evolm.prompts import render
 from trl_es.evolm.trainer import EvolmConfig, EvolmTrainer, JudgeFailureGuard
+from trl_es.trainer.output_lock import LOCK_FILE, Holder, OutputDirInUseError
 
 
 class LengthJudge:
@@ -157,6 +165,51 @@ def test_the_trained_model_cannot_be_its_own_judge(tmp_path, tiny_model_path):
     judge.model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     with pytest.raises(ValueError, match="separate frozen model"):
         EvolmTrainer(tiny_model_path, judge, config(tmp_path), questions())
+
+
+class LockWatchingJudge:
+    """A judge that fails its startup probe, noting for each call the pid that held the run's output_dir lock."""
+
+    def __init__(self, output_dir):
+        self.lock, self.holders = Path(output_dir) / LOCK_FILE, []
+
+    async def score(self, question, rubric, response):
+        self.holders.append(json.loads(self.lock.read_text())["pid"] if self.lock.exists() else None)
+        return None
+
+
+def test_a_run_holds_its_output_dir_from_the_judge_probe_on_and_releases_it_when_it_fails(tmp_path, tiny_model_path):
+    args = config(tmp_path)
+    judge = LockWatchingJudge(args.output_dir)
+    trainer = EvolmTrainer(tiny_model_path, judge, args, questions())
+    with pytest.raises(JudgeError, match="failed its startup probe"):
+        trainer.train()
+    assert judge.holders == [os.getpid()]
+    assert not (Path(args.output_dir) / LOCK_FILE).exists()
+
+
+def test_a_second_run_on_a_held_output_dir_is_refused_naming_the_holder_before_the_judge_probe(
+    tmp_path, tiny_model_path
+):
+    args = config(tmp_path)
+    judge = LockWatchingJudge(args.output_dir)
+    trainer = EvolmTrainer(tiny_model_path, judge, args, questions())
+    first_run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        # The lock as a run in that live process of this host holds it.
+        started = psutil.Process(first_run.pid).create_time()
+        holder = replace(Holder.this_process(), pid=first_run.pid, process_started=started)
+        Path(args.output_dir).mkdir(parents=True)
+        (Path(args.output_dir) / LOCK_FILE).write_text(json.dumps(asdict(holder)))
+        held_by = f"in use by another training run: pid {first_run.pid} on host {socket.gethostname()}"
+        with pytest.raises(OutputDirInUseError, match=held_by):
+            trainer.train()
+    finally:
+        first_run.kill()
+        first_run.wait()
+    assert judge.holders == []  # refused before the probe, and before any phase
+    assert json.loads((Path(args.output_dir) / LOCK_FILE).read_text())["pid"] == first_run.pid  # left alone
+    assert not list(Path(args.output_dir).glob("stage-*"))
 
 
 def test_the_judge_failure_guard_stops_with_the_figure():

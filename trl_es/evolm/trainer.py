@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..core.noise import derive_seed
 from ..sequential.trainer import SequentialTrainer, Stage
 from ..trainer.es_config import ESConfig
+from ..trainer.output_lock import hold_output_dir
 from .config import EvolmConfig
 from .diagnostics import held_out_accuracy, phase_diagnostics
 from .generation import text_generator
@@ -140,18 +141,23 @@ class EvolmTrainer:
         )
 
     def train(self) -> Path:
-        """Probe the judge, then run the phases that have not finished; returns the folder of the final model."""
-        probe_judge(self.judge)  # a judge that is down or answers in another format stops the run now, not later
-        final = self.sequence.train()
-        # Every phase's start measured how the phase before it left both roles; the last phase is measured here.
-        index = len(self.args.phases()) - 1
-        last = self.sequence.stage_dir(index)
-        role = self.args.phases()[index]
-        if "after" not in _read_info(last) and PartialState().is_main_process:
-            with self._phase_model(str(final), role) as model:
-                rubric_source = self.model if self.args.schedule == "static" else None
-                answers, rubrics = self._both_roles(model, "final", rubric_source)
-                self._record_after(last, role, self._measure(model, answers, rubrics, "final"))
+        """Probe the judge, then run the phases that have not finished; returns the folder of the final model. Holds
+        `output_dir`'s lock throughout, from the probe to the last measurement (a second run on the folder is
+        refused)."""
+        # The phases' SequentialTrainer takes the same lock again; holding it here also covers the probe and the
+        # measurement of the last phase, which write into output_dir too.
+        with hold_output_dir(self.output_dir, PartialState()):
+            probe_judge(self.judge)  # a judge that is down or answers in another format stops the run now, not later
+            final = self.sequence.train()
+            # Every phase's start measured how the phase before it left both roles; the last phase is measured here.
+            index = len(self.args.phases()) - 1
+            last = self.sequence.stage_dir(index)
+            role = self.args.phases()[index]
+            if "after" not in _read_info(last) and PartialState().is_main_process:
+                with self._phase_model(str(final), role) as model:
+                    rubric_source = self.model if self.args.schedule == "static" else None
+                    answers, rubrics = self._both_roles(model, "final", rubric_source)
+                    self._record_after(last, role, self._measure(model, answers, rubrics, "final"))
         return final
 
     def push_to_hub(self, repo_id: str, include_stages: bool = False, private: bool | None = None, **kwargs):
