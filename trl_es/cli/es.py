@@ -8,6 +8,7 @@ The flags are the fields of ESConfig (every GRPOConfig field, plus `population_s
 `trl.ModelConfig`, of `trl.DatasetMixtureConfig` and of `ESScriptArguments` below; `--config` reads them from a YAML
 file. Flags that none of them takes (`--num_processes`, `--accelerate_config single_gpu|multi_gpu|...`) go to
 `accelerate launch`. The script also runs on its own: `accelerate launch trl_es/cli/es.py --help`.
+`--resume_from_checkpoint` takes a checkpoint folder, or `true` for the last complete checkpoint in `--output_dir`.
 """
 
 import argparse
@@ -24,6 +25,13 @@ REWARD_FUNCS_HELP = (
     "`get_soft_overlong_punishment` (with `max_completion_len=1280`, `soft_punish_cache=256`, as in `trl grpo`), "
     "`arithmetic_reward` (for `--dataset_name arithmetic`), or any dotted import path (e.g. "
     "`my_lib.rewards.custom_reward`)."
+)
+
+# TrainingArguments' own help names only a path.
+RESUME_HELP = (
+    "A checkpoint folder to resume from, or `true` (`True`): the last complete checkpoint in `output_dir`, skipping "
+    "any that a crash left half-written, as `resume_from_checkpoint=True` (an error when there is none). `false` "
+    "starts a fresh run."
 )
 
 
@@ -177,6 +185,14 @@ def load_datasets(script_args: ESScriptArguments, dataset_args, seed: int, with_
     return dataset[train_split], dataset[test_split] if with_eval else None
 
 
+def resume_argument(value: str | bool | None) -> str | bool | None:
+    """`--resume_from_checkpoint` as `ESTrainer.train` takes it: `true` in any case (a YAML config's `true` arrives
+    as the bool) is True, the last complete checkpoint; `false` is None, a fresh run; any other value is a path."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true" or None
+    return value or None
+
+
 def model_init_kwargs(model_args, training_args) -> dict:
     """How the trainers load the model: `trl.ModelConfig`'s fields, then the config's own `model_init_kwargs`."""
     kwargs = dict(
@@ -214,7 +230,7 @@ def main(script_args, training_args, model_args, dataset_args):
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.accelerator.print("Training completed.")
 
     trainer.save_model(training_args.output_dir)
@@ -233,7 +249,11 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
     from trl_es.trainer.es_config import ESConfig
 
-    return TrlParser((ESScriptArguments, ESConfig, ModelConfig, DatasetMixtureConfig), prog=prog)
+    parser = TrlParser((ESScriptArguments, ESConfig, ModelConfig, DatasetMixtureConfig), prog=prog)
+    for action in parser._actions:
+        if action.dest == "resume_from_checkpoint":
+            action.help = RESUME_HELP
+    return parser
 
 
 if __name__ == "__main__":
