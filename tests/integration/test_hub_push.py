@@ -4,6 +4,7 @@ nothing private. The pushes run in a subprocess whose `huggingface_hub` talks HT
 pushes."""
 
 import hashlib
+import json
 import os
 import random
 import string
@@ -16,6 +17,8 @@ import pytest
 from hub_server import FakeHub
 from huggingface_hub import ModelCard
 from scripts.paths import SCRIPTS
+
+from trl_es.trainer.output_lock import LOCK_FILE
 
 SCRIPT = SCRIPTS / "push_to_hub.py"
 MODEL_FILES = {
@@ -197,6 +200,18 @@ def test_no_saved_file_of_an_es_run_holds_a_token(pushed):
     names = {path.name for path in saved}
     assert {"training_args.bin", "README.md", "es_state.json"} <= names and any("tfevents" in n for n in names)
     assert not [path for path in saved if [secret for secret in secrets if secret in path.read_bytes()]]
+
+
+def test_the_output_dir_lock_is_in_no_pushed_commit(pushed):
+    """The checkpoint pushes upload output_dir while the run holds its lock there; the lock file stays local."""
+    hub, work_dir = pushed
+    # Whether the lock was there at each save of the runs that push at every save (the script writes it).
+    locked_at_saves = json.loads((work_dir / "locked_at_saves.json").read_text())
+    assert locked_at_saves["es-tiny"] == locked_at_saves["es-tiny-branch"] == [True, True]
+    assert not [
+        (commit.repo_id, path) for commit in hub.commits for path in commit.added if LOCK_FILE in Path(path).name
+    ]
+    assert not list(work_dir.rglob(LOCK_FILE))  # released once each run ended
 
 
 def test_tensorboard_logs_stay_local_unless_hub_push_logs_asks(pushed):
