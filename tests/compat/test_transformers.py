@@ -3,11 +3,18 @@ reorders one fails here, with the transformers version in the message."""
 
 import inspect
 
+import pytest
 import torch
 import transformers
 from transformers import Trainer
 
-from trl_es.compat.transformers import TrainerHooks, _UploadsIgnoring, uploads_ignoring, with_patterns
+from trl_es.compat.transformers import (
+    TrainerHooks,
+    _UploadsIgnoring,
+    set_flag_help,
+    uploads_ignoring,
+    with_patterns,
+)
 
 TRANSFORMERS = f"transformers {transformers.__version__}"
 
@@ -82,6 +89,18 @@ def test_a_push_leaves_out_the_pickled_arguments_and_the_logs_unless_asked(tmp_p
         hooks = TrainerHooks()
         hooks.args = ESConfig(str(tmp_path), hub_push_logs=hub_push_logs)
         assert list(filter_repo_objects(files, ignore_patterns=hooks.hub_ignore_patterns())) == pushed
+
+
+def test_set_flag_help_replaces_the_help_an_hf_argument_parser_took_from_a_field():
+    from transformers import HfArgumentParser, TrainingArguments
+
+    parser = HfArgumentParser(TrainingArguments)
+    set_flag_help(parser, "resume_from_checkpoint", "A folder, or `true` for the last checkpoint.")
+    shown = " ".join(parser.format_help().split())
+    assert "--resume_from_checkpoint RESUME_FROM_CHECKPOINT, --resume-from-checkpoint RESUME_FROM_CHECKPOINT" in shown
+    assert "A folder, or `true` for the last checkpoint." in shown, f"{TRANSFORMERS}: the flag kept its field's help"
+    with pytest.raises(ValueError, match="no flag for the field 'resume_from'"):
+        set_flag_help(parser, "resume_from", "...")
 
 
 class EpochShuffle(torch.utils.data.Sampler):

@@ -247,12 +247,11 @@ def main(script_args, training_args, model_args, dataset_args):
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
+    from trl_es.compat.transformers import set_flag_help
     from trl_es.trainer.es_config import ESConfig
 
     parser = TrlParser((ESScriptArguments, ESConfig, ModelConfig, DatasetMixtureConfig), prog=prog)
-    for action in parser._actions:
-        if action.dest == "resume_from_checkpoint":
-            action.help = RESUME_HELP
+    set_flag_help(parser, "resume_from_checkpoint", RESUME_HELP)
     return parser
 
 

@@ -24,6 +24,7 @@ PRIVATE_NAMES = {
     "uploads_ignoring": [
         "transformers.trainer.hf_api (what Trainer.push_to_hub and _push_from_checkpoint upload with)"
     ],
+    "set_flag_help": ["argparse.ArgumentParser._actions (the flags an HfArgumentParser made of its dataclasses)"],
 }
 
 # What Trainer writes into `output_dir`: its pickled arguments (also in every checkpoint), and the TensorBoard logs
@@ -147,3 +148,14 @@ def with_patterns(given: list[str] | str | None, more: list[str]) -> list[str]:
     (`upload_folder` appends to the list it is given)."""
     given = [given] if isinstance(given, str) else list(given or ())
     return [*given, *(pattern for pattern in more if pattern not in given)]
+
+
+def set_flag_help(parser, dest: str, help_text: str) -> None:
+    """Give the flag of `parser` (an `HfArgumentParser`, such as TRL's `TrlParser`) that sets the field `dest` the
+    help `help_text`. HfArgumentParser takes each flag's help from its dataclass field (a library's, for
+    `TrainingArguments`' fields), and argparse has no public way to change an argument once added."""
+    actions = [action for action in parser._actions if action.dest == dest]
+    if not actions:
+        raise ValueError(f"The parser has no flag for the field {dest!r}.")
+    for action in actions:
+        action.help = help_text
