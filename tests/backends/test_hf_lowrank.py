@@ -1,7 +1,7 @@
 """The `model.generate` low-rank backend (`trl_es.backends.hf_lowrank`): a whole population in one batched call,
-each member's rows generating as its explicitly perturbed weights would; and ESTrainer with `perturbation="lowrank"`
-on it: batched calls score like one member per call, the update is the full-rank sum of the members' low-rank terms,
-and checkpoints resume."""
+each member's rows generating as its explicitly perturbed weights would, rows of ragged counts too (`generate_rows`);
+and ESTrainer with `perturbation="lowrank"` on it: batched calls score like one member per call, the update is the
+full-rank sum of the members' low-rank terms, and checkpoints resume."""
 
 import copy
 from pathlib import Path
@@ -9,17 +9,23 @@ from pathlib import Path
 import pytest
 import torch
 from scripts.fast_es import MOVING
+from scripts.ragged_rows import generated_alone, ragged_rows
 from scripts.tiny_lowrank import lowrank_master, lowrank_model
 from transformers import LogitsProcessorList
 
 from trl_es import ESTrainer
-from trl_es.backends.hf_lowrank import CommonRandomGumbel, lowrank_population
+from trl_es.backends.gumbel import CommonRandomGumbel
+from trl_es.backends.hf import HFBackend, TokenIds
+from trl_es.backends.hf_lowrank import HFLowRankBackend, lowrank_population
+from trl_es.backends.sampling import SamplingSettings
 from trl_es.core.fitness import shape_fitness
 from trl_es.core.lowrank import lowrank_noise
 from trl_es.core.noise import Member, parameter_noise, population
 from trl_es.testing import digit_fraction, digit_prompts
 
 MEMBERS = [Member(11, 1), Member(11, -1), Member(12, 1)]  # an antithetic pair and a lone member
+GREEDY_ROWS = SamplingSettings(max_tokens=6)
+SAMPLED_ROWS = SamplingSettings(max_tokens=6, temperature=1.0)
 
 
 def _explicit_member(model, master, member):
@@ -75,12 +81,35 @@ def test_batched_population_generates_what_each_member_generates_alone(tokenizer
     assert len({tuple(ids.flatten().tolist()) for ids in alone}) > 1  # members really answer differently
 
 
-def test_common_gumbel_gives_every_member_the_same_random_numbers():
-    processor = CommonRandomGumbel(seed=3, rows_per_member=2, temperature=0.7)
-    scores = torch.zeros(6, 10)  # 3 members, equal logits: only the noise decides
-    noisy = processor(torch.zeros(6, 4, dtype=torch.long), scores)
-    assert torch.equal(noisy[0:2], noisy[2:4]) and torch.equal(noisy[0:2], noisy[4:6])
-    assert not torch.equal(noisy[0], noisy[1])
+def lowrank_backend(tokenizer, members_per_call=None) -> HFLowRankBackend:
+    # A peaked model, so that greedy choices are not near-ties that another batch's rounding could flip.
+    model = lowrank_model(tokenizer, initializer_range=0.3)
+    tokens = TokenIds.of(model, tokenizer)
+    return HFLowRankBackend(model, dict(model.named_parameters()), lowrank_master(model), tokens, members_per_call)
+
+
+@pytest.mark.parametrize("members_per_call", [None, 2, 1])
+def test_lowrank_rows_of_ragged_members_generate_what_each_member_generates_alone(tokenizer, members_per_call):
+    # All members in one call (the centre's and member 1's rows padded to member 0's three), two per call, one.
+    backend = lowrank_backend(tokenizer, members_per_call)
+    before = {name: param.detach().clone() for name, param in backend.model.state_dict().items()}
+    rows = ragged_rows(lambda text: tokenizer(text)["input_ids"])
+    together = backend.generate_rows(rows, GREEDY_ROWS)
+    assert not any(module._forward_hooks for module in backend.model.modules())
+    assert all(torch.equal(param, before[name]) for name, param in backend.model.state_dict().items())
+    assert together == generated_alone(backend, rows, GREEDY_ROWS)
+    members_rows = [index for index, row in enumerate(rows) if row.member is not None]
+    as_centre = backend.generate_center([rows[index].prompt_ids for index in members_rows], GREEDY_ROWS, None)
+    assert as_centre != [together[index] for index in members_rows]  # the members really generate differently
+
+
+def test_lowrank_sampled_rows_draw_what_explicitly_written_weights_draw(tokenizer):
+    backend = lowrank_backend(tokenizer)
+    explicit = HFBackend(backend.model, backend.parameters, backend.master, backend.tokens)  # writes each member
+    rows = ragged_rows(lambda text: tokenizer(text)["input_ids"])
+    together = backend.generate_rows(rows, SAMPLED_ROWS)
+    assert together == explicit.generate_rows(rows, SAMPLED_ROWS)
+    assert together == [backend.generate_rows([row], SAMPLED_ROWS)[0] for row in rows]
 
 
 def test_base_weights_are_bitwise_unchanged_after_the_population_also_after_an_error(tokenizer):

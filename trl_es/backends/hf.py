@@ -12,6 +12,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
+from .gumbel import row_seeded_sampling
 from .sampling import SamplingSettings
 
 
@@ -154,6 +155,20 @@ class HFBackend(OneMemberAtATime):
     def generate_center(self, prompt_ids, sampling, seed):
         """Completions with the weights the model holds (the centre, between calls)."""
         return self._generate(prompt_ids, sampling, seed)
+
+    def generate_loaded_rows(
+        self, prompt_ids: list[list[int]], seeds: list[int | None], sampling: SamplingSettings
+    ) -> list[list[int]]:
+        """Completions with the weights the model holds, row `i` sampled with `seeds[i]` through `RowSeededGumbel`
+        (the same random numbers whatever else is in the batch); an unseeded row draws its seed from torch's global
+        generator."""
+        if sampling.temperature == 0:
+            return self._generate(prompt_ids, sampling, None)
+        seeds = [int(torch.randint(2**62, ())) if seed is None else seed for seed in seeds]
+        processors = row_seeded_sampling(seeds, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+        # The processors sample; `generate` takes their argmax.
+        kwargs = sampling.with_(temperature=0).generate_kwargs(self.tokens.pad, self.tokens.bos, list(self.tokens.eos))
+        return hf_generate(self.model, prompt_ids, kwargs, self.tokens, None, self.pad_to_multiple_of, processors)
 
     def after_update(self, coefficients: dict[int, float], lr: float, weight_decay: float) -> None:
         """Nothing to do: the population writes the new centre into the trainer's model, which this backend reads."""

@@ -17,29 +17,24 @@ anything else raises `NotImplementedError` naming the module.
 
 Sampling: one `generate` call draws different random numbers for every row, which breaks the common random numbers
 of a step (member `i`'s `j`-th row must sample like every other member's `j`-th row); `CommonRandomGumbel` restores
-them. In float32 a member's outputs match explicitly written weights to rounding; in bf16 the hook adds its term to
-the bf16 base output instead of rounding `W + delta` to bf16, so they are close, not bitwise equal.
+them, and `RowSeededGumbel` gives each row of `generate_rows` its own seed's (see `gumbel.py`). In float32 a member's
+outputs match explicitly written weights to rounding; in bf16 the hook adds its term to the bf16 base output instead
+of rounding `W + delta` to bf16, so they are close, not bitwise equal.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
-from transformers import LogitsProcessor, LogitsProcessorList
-from transformers.generation.logits_process import (
-    MinPLogitsWarper,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from ..core.lowrank import LowRankMasterWeights, lowrank_factors
-from ..core.noise import Member, derive_seed, parameter_noise
-from .base import PhaseTimer
+from ..core.noise import Member, parameter_noise
+from .base import PhaseTimer, rows_by_member
+from .gumbel import common_random_sampling
 from .hf import HFBackend, TokenIds, hf_generate
 from .sampling import SamplingSettings
 
@@ -82,6 +77,46 @@ class HFLowRankBackend(HFBackend):
             completions += [generated[i * rows : (i + 1) * rows] for i in range(len(batch))]
         return completions
 
+    def generate_rows(self, rows, sampling, timer=None):
+        """Every row on its member's perturbation (the centre's rows on none), `members_per_call` members (the centre
+        counting as one) in one batched `generate`. The hooks need the same number of rows for every member of a
+        call: a member with fewer rows than the call's largest gets copies of its first row, whose completions are
+        dropped. Sampled rows draw their own seed's numbers (`RowSeededGumbel`)."""
+        if not rows:
+            return []
+        timer = timer or PhaseTimer()
+        groups = rows_by_member(rows)
+        members = list(groups)
+        per_call = self.members_per_call or len(members)
+        completions: list[list[int]] = [[] for _ in rows]
+        for start in range(0, len(members), per_call):
+            batch = members[start : start + per_call]
+            rows_per_member = max(len(groups[member]) for member in batch)
+            # Member-major slots, `rows_per_member` per member; None is a padding row, a copy of its member's first.
+            slots = [groups[member] + [None] * (rows_per_member - len(groups[member])) for member in batch]
+            sources = [rows[block[0] if index is None else index] for block in slots for index in block]
+            with timer("generate"), self._population(batch, rows_per_member):
+                generated = self.generate_loaded_rows(
+                    [row.prompt_ids for row in sources], [row.seed for row in sources], sampling
+                )
+            for index, completion in zip([index for block in slots for index in block], generated, strict=True):
+                if index is not None:
+                    completions[index] = completion
+        return completions
+
+    def _population(self, members: list[Member | None], rows_per_member: int):
+        """The hooks that put each member's rows on its perturbation (the centre's on none); no hook for the centre
+        alone."""
+        if members == [None]:
+            return nullcontext()
+        perturbed = [_CENTRE if member is None else member for member in members]
+        return lowrank_population(self.model, self.master, perturbed, rows_per_member)
+
+    @contextmanager
+    def member_loaded(self, member: Member | None, timer: PhaseTimer | None = None) -> Iterator[None]:
+        """Nothing to keep in place: the model holds the centre and every call adds its rows' perturbations."""
+        yield
+
     def _generate_population_rows(
         self, prompt_ids, sampling: SamplingSettings, seed: int | None, rows_per_member: int
     ):
@@ -95,6 +130,10 @@ class HFLowRankBackend(HFBackend):
         # The processors sample; `generate` takes their argmax.
         kwargs = sampling.with_(temperature=0).generate_kwargs(self.tokens.pad, self.tokens.bos, list(self.tokens.eos))
         return hf_generate(self.model, prompt_ids, kwargs, self.tokens, seed, self.pad_to_multiple_of, processors)
+
+
+# The centre as a member of a batched population: its perturbation is `0 * sigma * eps`, exactly zero.
+_CENTRE = Member(seed=0, sign=0)
 
 
 def _member_factors(
@@ -300,59 +339,3 @@ def lowrank_population(
     finally:
         for handle in handles:
             handle.remove()
-
-
-class CommonRandomGumbel(LogitsProcessor):
-    """Sampling with common random numbers across the members of one batched population (Gumbel-max trick).
-
-    In one `generate` call the sampler draws different random numbers for every row, so member `i`'s `j`-th row would
-    not sample with the same numbers as member `k`'s `j`-th row, as the one-member-at-a-time evaluation does. This
-    processor adds to row `j` the Gumbel noise of row `j % rows_per_member`, drawn from `(seed, sequence length)`, and
-    generation then takes the argmax (`do_sample=False`): `argmax(logits / temperature + gumbel)` is a sample of
-    `softmax(logits / temperature)`. A member evaluated alone with the same processor draws the same numbers.
-    Put top-k/top-p warpers before it in the `logits_processor` list; `do_sample=False` does not add them.
-
-    Args:
-        seed (`int`):
-            The step's sampling seed (see `noise.sampling_seed`).
-        rows_per_member (`int`):
-            Rows of each member in the batch.
-        temperature (`float`, *optional*, defaults to `1.0`):
-            Sampling temperature.
-    """
-
-    def __init__(self, seed: int, rows_per_member: int, temperature: float = 1.0):
-        if temperature <= 0:
-            raise ValueError(f"CommonRandomGumbel samples with temperature > 0, got temperature={temperature}.")
-        self.seed = seed
-        self.rows_per_member = rows_per_member
-        self.temperature = temperature
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows, vocab = scores.shape
-        if rows % self.rows_per_member:
-            raise ValueError(f"A batch of {rows} rows is not whole members of rows_per_member={self.rows_per_member}.")
-        generator = torch.Generator(device=scores.device).manual_seed(derive_seed(self.seed, input_ids.shape[1]))
-        uniform = torch.rand((self.rows_per_member, vocab), generator=generator, device=scores.device)
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
-        return scores.float() / self.temperature + gumbel.repeat(rows // self.rows_per_member, 1)
-
-
-def common_random_sampling(
-    seed: int,
-    rows_per_member: int,
-    temperature: float,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-) -> LogitsProcessorList:
-    """The logits processors that sample a batched population with common random numbers (pass them to `generate`
-    with `do_sample=False`): temperature and the top-k / top-p / min-p filters, then `CommonRandomGumbel`."""
-    processors = [TemperatureLogitsWarper(temperature)]
-    if top_k:
-        processors.append(TopKLogitsWarper(top_k))
-    if top_p is not None and top_p < 1.0:
-        processors.append(TopPLogitsWarper(top_p))
-    if min_p:
-        processors.append(MinPLogitsWarper(min_p))
-    return LogitsProcessorList([*processors, CommonRandomGumbel(seed, rows_per_member)])

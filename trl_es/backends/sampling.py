@@ -44,7 +44,13 @@ class SamplingSettings:
         return replace(self, **changes)
 
     def vllm_params(self, seed: int | None, row: int) -> dict:
-        """Keyword arguments of `vllm.SamplingParams` (or of an OpenAI completion request) for one row."""
+        """Keyword arguments of `vllm.SamplingParams` (or of an OpenAI completion request) for row `row` of a call
+        seeded with `seed` (the row samples with `seed + row`)."""
+        return self.vllm_row_params(None if seed is None else seed + row)
+
+    def vllm_row_params(self, seed: int | None) -> dict:
+        """Keyword arguments of `vllm.SamplingParams` (or of an OpenAI completion request) for a row sampled with its
+        own `seed` (None: unseeded). Greedy decoding sends no seed."""
         settings = {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
@@ -55,7 +61,7 @@ class SamplingSettings:
             **self.extra,
         }
         if self.temperature > 0 and seed is not None:
-            settings["seed"] = seed + row
+            settings["seed"] = seed
         return settings
 
     def generate_kwargs(self, pad_token_id: int, bos_token_id: int | None, eos_token_ids: list[int]) -> dict:
@@ -76,3 +82,8 @@ class SamplingSettings:
             **self.extra,
         }
         return kwargs | _GREEDY if self.temperature == 0 else kwargs
+
+
+def row_seeds(seed: int | None, rows: int) -> list[int | None]:
+    """The seed of each row of a call seeded with `seed`: `seed + row` (common random numbers), or None (unseeded)."""
+    return [None if seed is None else seed + row for row in range(rows)]

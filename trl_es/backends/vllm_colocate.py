@@ -21,6 +21,7 @@ from ..core.consistency import layout_free_stats, stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
+from .sampling import SamplingSettings, row_seeds
 
 
 class VLLMColocateBackend(OneMemberAtATime):
@@ -55,9 +56,16 @@ class VLLMColocateBackend(OneMemberAtATime):
 
     def generate_center(self, prompt_ids, sampling, seed):
         """Completions with the weights the engine holds (the centre, between calls)."""
+        return self.generate_loaded_rows(prompt_ids, row_seeds(seed, len(prompt_ids)), sampling)
+
+    def generate_loaded_rows(
+        self, prompt_ids: list[list[int]], seeds: list[int | None], sampling: SamplingSettings
+    ) -> list[list[int]]:
+        """Completions with the weights the engine holds, row `i` sampled with `seeds[i]` (vLLM seeds each request's
+        own generator, so a row samples alike whatever else is in the batch)."""
         from vllm import SamplingParams
 
-        params = [SamplingParams(**sampling.vllm_params(seed, row)) for row in range(len(prompt_ids))]
+        params = [SamplingParams(**sampling.vllm_row_params(seed)) for seed in seeds]
         prompts = [{"prompt_token_ids": ids, "cache_salt": self.weights_tag} for ids in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [list(output.outputs[0].token_ids) for output in outputs]

@@ -39,7 +39,7 @@ from torch import nn
 from ..compat.vllm import engine_lora_config
 from ..core.lowrank import LowRankMasterWeights, lowrank_factors
 from ..core.noise import Member
-from .base import PhaseTimer
+from .base import PhaseTimer, rows_by_member
 from .sampling import SamplingSettings
 from .vllm_colocate import VLLMColocateBackend
 
@@ -166,6 +166,39 @@ class VLLMLoRAPopulationBackend(VLLMColocateBackend):
         outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         tokens = [list(output.outputs[0].token_ids) for output in outputs]
         return [tokens[i * rows : (i + 1) * rows] for i in range(len(requests))]
+
+    def generate_rows(self, rows, sampling, timer=None):
+        """Every row with its member's adapter (the centre's rows with none) over the engine's centre weights, each
+        row with its own seed: at most `max_loras` members per `generate` call, the centre's rows in the first."""
+        from vllm import SamplingParams
+
+        if not rows:
+            return []
+        timer = timer or PhaseTimer()
+        groups = rows_by_member(rows)
+        members = [member for member in groups if member is not None]
+        chunks = [members[start : start + self.max_loras] for start in range(0, len(members), self.max_loras)] or [[]]
+        completions: list[list[int]] = [[] for _ in rows]
+        for number, chunk in enumerate(chunks):
+            indices = [index for member in chunk for index in groups[member]]
+            if number == 0:  # the centre's rows need no adapter: they go with the first call
+                indices = groups.get(None, []) + indices
+            with self.member_adapters(chunk, timer) as requests, timer("generate"):
+                adapters = {None: None, **dict(zip(chunk, requests, strict=True))}
+                outputs = self.llm.generate(
+                    [{"prompt_token_ids": rows[i].prompt_ids, "cache_salt": self.weights_tag} for i in indices],
+                    [SamplingParams(**sampling.vllm_row_params(rows[i].seed)) for i in indices],
+                    lora_request=[adapters[rows[i].member] for i in indices],
+                    use_tqdm=False,
+                )
+            for index, output in zip(indices, outputs, strict=True):
+                completions[index] = list(output.outputs[0].token_ids)
+        return completions
+
+    @contextmanager
+    def member_loaded(self, member: Member | None, timer: PhaseTimer | None = None) -> Iterator[None]:
+        """Nothing to keep in place: the engine holds the centre and every call brings its members' adapters."""
+        yield
 
     @contextmanager
     def member_adapters(self, members: Sequence[Member], timer: PhaseTimer | None = None) -> Iterator[list]:

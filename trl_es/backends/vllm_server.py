@@ -28,7 +28,7 @@ from ..core.noise import Member
 from .base import OneMemberAtATime
 from .control_channel import CONTROL_PATH, trainer_secret
 from .control_client import ControlSession, NoControlChannel, ServerNotProven, UnknownSession, UnsignedAnswer
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, row_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +242,12 @@ class VLLMServerBackend(OneMemberAtATime):
     def generate_center(self, prompt_ids: list[list[int]], sampling: SamplingSettings, seed: int | None):
         """Completions with the weights the server holds (the centre, or the member `load_member` loaded), checked
         afterwards to be exactly the weights this run loaded last."""
+        return self.generate_loaded_rows(prompt_ids, row_seeds(seed, len(prompt_ids)), sampling)
+
+    def generate_loaded_rows(
+        self, prompt_ids: list[list[int]], seeds: list[int | None], sampling: SamplingSettings
+    ) -> list[list[int]]:
+        """As `generate_center`, row `i` sampled with `seeds[i]` (each request carries its own seed)."""
 
         def complete(row: int) -> list[int]:
             payload = {
@@ -249,7 +255,7 @@ class VLLMServerBackend(OneMemberAtATime):
                 "prompt": prompt_ids[row],
                 "return_token_ids": True,
                 "cache_salt": self.weights_tag,  # no KV block computed under other weights can match
-                **sampling.vllm_params(seed, row),
+                **sampling.vllm_row_params(seeds[row]),
             }
             response = self._request("POST", "/v1/completions", payload)
             if not response.ok:
