@@ -8,6 +8,11 @@ The toy task (write digits): a randomly initialised model decoded greedily repea
 every member the same fitness. The task samples (temperature 1) and rewards the fraction of digit characters in a
 completion, which every member moves a little; with common random numbers, ES climbs it within tens of steps on two
 CPU cores.
+
+The tool-calling chat template (`TOOL_CHAT_TEMPLATE`, with `equip_for_tools` / `build_tool_tokenizer`) gives a tiny
+tokenizer what TRL's agent features need in a few tokens: tools listed by name and parameters, calls written
+`<call>name key: value</call>`, tool results as `tool` turns, every turn ended by the EOS token `<|im_end|>`, and a
+`response_template` that `trl.chat_template_utils.parse_response` reads the calls back with.
 """
 
 from __future__ import annotations
@@ -130,3 +135,75 @@ def digit_fraction(completions: list, **kwargs) -> list[float]:
     """Reward: the fraction of characters of each completion that are digits (0 for an empty completion)."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [sum(ch.isdigit() for ch in text) / len(text) if text else 0.0 for text in texts]
+
+
+# Tool calling. Qwen's template renders a JSON schema of each tool (~765 tokens with a 320-token BPE); this one renders
+# `tools: lookup(item), answer(value)` and a call as `<call>lookup item: lamp</call>`. Turns end with `<|im_end|>` and
+# nothing after it, and each message renders alone: the template is prefix-preserving, so the tokens after a tool call
+# are the model's ids plus the template's rendering of the tool results (TRL's `_get_tool_suffix_ids`).
+TOOL_CALL_TOKENS = ["<call>", "</call>"]
+END_OF_TURN = "<|im_end|>"
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\ntools:"
+    "{%- for tool in tools %}{% set f = tool.function if tool.function is defined else tool %}"
+    "{%- set parameters = f.parameters.properties if f.parameters is defined and f.parameters.properties is defined"
+    " else {} %}"
+    " {{ f.name }}({{ parameters | list | join(',') }}){% if not loop.last %},{% endif %}"
+    "{%- endfor %}<|im_end|>{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content or '' }}"
+    "{%- for call in message.tool_calls or [] %}{% set f = call.function if call.function is defined else call %}"
+    "<call>{{ f.name }}"
+    "{%- if f.arguments is string %} {{ f.arguments }}"
+    "{%- elif f.arguments %}{% for key, value in f.arguments.items() %}"
+    " {{ key }}: {{ value if value is string else value | tojson }}{% endfor %}{% endif %}"
+    "</call>{% endfor %}<|im_end|>"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# How transformers (>= 5.13) parses an assistant turn written with TOOL_CHAT_TEMPLATE: text before the calls is the
+# content; each `<call>name k: v ...</call>` (or one cut short by the end of the turn) is a call whose values are text,
+# typed by the tools' signatures when `parse_response` gets the tools (transformers >= 5.15, as GRPOTrainer passes
+# them): `42` is 42 for an `int` parameter and "42" for a `str` one.
+TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open_pattern": r"<call>(?P<name>[^\s<]+)",
+            "close_pattern": r"</call>|(?=<\|im_end\|>)",  # an unclosed call ends with the turn
+            "repeats": True,
+            "content": "xml-inline",
+            "content_args": {
+                "tag_pattern": r"(?P<key>[A-Za-z_]\w*): (?P<value>.*?)(?=\s+[A-Za-z_]\w*: |$)",
+                "value_parser": {"name": "text"},
+            },
+            "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+        },
+        "content": {"close": END_OF_TURN, "content": "text"},
+    },
+}
+
+
+def equip_for_tools(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """Give `tokenizer` the compact tool-calling chat template and its response template, in place.
+
+    The chat and call markers become special tokens (added if missing: the vocabulary may grow, so build the model
+    afterwards) and `<|im_end|>`, which ends every turn, becomes the EOS token (GRPO's tool loop aligns the tokens
+    after a tool call on it); the pad token stays `<|endoftext|>`.
+    """
+    missing = [token for token in [*CHAT_TOKENS, *TOOL_CALL_TOKENS] if token not in tokenizer.get_vocab()]
+    tokenizer.add_special_tokens({"extra_special_tokens": missing}, replace_extra_special_tokens=False)
+    tokenizer.eos_token = END_OF_TURN
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.response_template = TOOL_RESPONSE_TEMPLATE
+    return tokenizer
+
+
+def build_tool_tokenizer(
+    vocab_size: int = 320, corpus: list[str] | None = None, individual_digits: bool = False
+) -> PreTrainedTokenizerFast:
+    """`build_tiny_tokenizer`'s BPE with the tool-calling chat template (`equip_for_tools`): EOS `<|im_end|>`, pad
+    `<|endoftext|>`, and a `response_template` for `parse_response`."""
+    return equip_for_tools(build_tiny_tokenizer(vocab_size, False, corpus, individual_digits))
