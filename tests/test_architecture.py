@@ -24,7 +24,7 @@ LIBRARIES = frozenset(
 FLOORS = (
     ("trl_es._version", "trl_es.compat"),
     ("trl_es.core", "trl_es.tasks", "trl_es.testing"),
-    ("trl_es.backends",),
+    ("trl_es.backends", "trl_es.agents"),
     ("trl_es.evaluation",),
     ("trl_es.trainer",),
     ("trl_es.sequential",),

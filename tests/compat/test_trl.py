@@ -143,3 +143,43 @@ def test_trl_keeps_its_colocated_engine_in_vllm_generation_llm(grpo):
     )
     assert trl_compat.colocated_engine(grpo) is None
     assert trl_compat.release_colocated_engine(grpo) is False  # no engine: nothing to release
+
+
+async def doubled(value):
+    return 2 * value
+
+
+def test_grpo_starts_an_event_loop_for_async_tools_that_runs_their_coroutines(tiny_model_path, tmp_path):
+    """ESTrainer runs async tools on the event loop GRPOTrainer starts for them (`GRPOTrainer.async_loop`)."""
+
+    async def async_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    config = fast_grpo_config(tmp_path)
+    trainer = GRPOTrainer(
+        model=tiny_model_path, reward_funcs=async_reward, args=config, train_dataset=digit_prompts(8)
+    )
+    run = trl_compat.async_event_loop(trainer)
+    assert run is not None, f"{TRL}: GRPOTrainer.async_loop is gone; update trl_es.compat.trl.async_event_loop"
+    failing = doubled(None)  # a TypeError inside the coroutine comes back as the result
+    outcomes = run([doubled(2), failing])
+    assert outcomes[0] == 4 and isinstance(outcomes[1], TypeError), f"{TRL}: {outcomes}"
+
+
+def test_grpo_passes_trainer_environments_to_reward_functions(grpo):
+    """GRPO's reward calculation hands `trainer.environments` to reward functions as `environments`."""
+    seen = []
+
+    def reads_environments(completions, environments, **kwargs):
+        seen.append(environments)
+        return [0.0] * len(completions)
+
+    original = grpo.reward_funcs, grpo.reward_func_names, grpo.reward_weights
+    grpo.reward_funcs, grpo.reward_func_names, grpo.reward_weights = [reads_environments], ["env"], torch.ones(1)
+    try:
+        trl_compat.set_reward_environments(grpo, ["first", "second"])
+        trl_compat.calculate_rewards(grpo, [{"prompt": "a"}, {"prompt": "b"}], ["a", "b"], ["x", "y"], [[1], [2]])
+    finally:
+        grpo.reward_funcs, grpo.reward_func_names, grpo.reward_weights = original
+        trl_compat.set_reward_environments(grpo, None)
+    assert seen == [["first", "second"]], f"{TRL}: _calculate_rewards no longer passes trainer.environments ({seen})"

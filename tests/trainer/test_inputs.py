@@ -37,7 +37,9 @@ def test_conversational_prompts_without_a_chat_template(
         trainer.train()
 
 
-def test_tool_calling_is_refused_with_the_alternative(tiny_model_path, prompts, make_config):
+def test_tools_need_a_chat_template_that_can_call_them(tiny_model_path, prompts, make_config):
+    """GRPO's own check, under ESTrainer: the tiny model's plain ChatML template renders no tool calls."""
+
     def calculator(expression: str) -> str:
         """Evaluate an expression.
 
@@ -46,7 +48,7 @@ def test_tool_calling_is_refused_with_the_alternative(tiny_model_path, prompts, 
         """
         return expression
 
-    with pytest.raises(NotImplementedError, match="GRPOTrainer"):
+    with pytest.raises(ValueError, match="does not support tool calling"):
         ESTrainer(
             model=tiny_model_path,
             reward_funcs=length_reward,
@@ -85,19 +87,19 @@ def test_an_unmodified_grpo_script_runs_after_the_class_swap(tmp_path, tiny_mode
     assert trainer.args.learning_rate == 5e-4
 
 
-def test_a_rollout_func_is_refused_naming_the_alternatives(tiny_model_path, prompts, make_config):
-    def rollout(prompts, trainer):
-        raise AssertionError("never called: members must be generated with their own weights")
+def test_a_grpo_rollout_func_is_refused_where_no_member_is_written_where_it_generates(
+    tiny_model_path, prompts, make_config
+):
+    """A rollout function with GRPO's signature generates with the trainer's model: low-rank members never are."""
 
-    with pytest.raises(NotImplementedError, match="own weights") as refused:
-        ESTrainer(
-            model=tiny_model_path,
-            reward_funcs=length_reward,
-            args=make_config(),
-            train_dataset=prompts,
-            rollout_func=rollout,
-        )
-    assert "reward function" in str(refused.value) and "GRPOTrainer" in str(refused.value)
+    def rollout(prompts, trainer):
+        raise AssertionError("never called")
+
+    config = make_config(perturbation="lowrank", lowrank_rank=1)
+    with pytest.raises(NotImplementedError, match=r"low-rank members .* Give it a `member` argument") as refused:
+        ESTrainer(model=tiny_model_path, reward_funcs=length_reward, args=config, train_dataset=prompts,
+                  rollout_func=rollout)  # fmt: skip
+    assert "member.generate(prompt_ids)" in str(refused.value)
 
 
 def test_a_dataset_smaller_than_one_step_is_refused_naming_both_numbers(tiny_model_path, make_config):

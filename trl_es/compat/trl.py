@@ -11,7 +11,8 @@ one named test (with the TRL version in its message), not a training run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -33,6 +34,8 @@ PRIVATE_NAMES = {
     "vllm_server_hidden_from_grpo": ["GRPOTrainer.__init__ (its VLLMGeneration for use_vllm)"],
     "colocated_engine": ["VLLMGeneration.llm"],
     "release_colocated_engine": ["VLLMGeneration.llm"],
+    "async_event_loop": ["GRPOTrainer.async_loop"],
+    "set_reward_environments": ["GRPOTrainer.environments (read by _calculate_rewards)"],
 }
 
 
@@ -43,6 +46,29 @@ def calculate_rewards(
     async functions, dataset columns, `trainer_state`, `log_metric`, `log_extra`; `None` becomes NaN), gathered across
     processes: `(processes x completions, reward functions)`, in process order."""
     return trainer._calculate_rewards(inputs, prompts, completions, completion_ids)
+
+
+def async_event_loop(trainer) -> Callable[[list], list] | None:
+    """A function that runs coroutines to completion on the event loop GRPOTrainer starts (on a daemon thread) when a
+    reward function or a tool is async, returning their results or exceptions; None when it started none."""
+    loop = getattr(trainer, "async_loop", None)
+    if loop is None:
+        return None
+
+    def run(coroutines: list) -> list:
+        async def gather():
+            return await asyncio.gather(*coroutines, return_exceptions=True)
+
+        return asyncio.run_coroutine_threadsafe(gather(), loop).result()
+
+    return run
+
+
+def set_reward_environments(trainer, environments: list | None) -> None:
+    """The environment instances GRPO's reward calculation passes to reward functions as `environments` (one per
+    completion), and its environment-owned rewards (`get_reward`) read: a member's, before its completions are
+    scored. They stay set afterwards, as GRPO leaves its last batch's."""
+    trainer.environments = environments
 
 
 def take_reward_logs(trainer) -> tuple[dict[str, list[float]], dict[str, list]]:

@@ -32,6 +32,16 @@ def every_process_value(accelerator: Accelerator, value: int) -> list[int]:
     return accelerator.gather(torch.tensor([value], device=accelerator.device)).tolist()
 
 
+def gather_members(accelerator: Accelerator, local: torch.Tensor) -> torch.Tensor:
+    """This process's per-member values (`local`: one row per round) gathered into the whole population's, in member
+    order (member `j * P + r` is process `r`'s round `j`)."""
+    if accelerator.num_processes == 1:
+        return local
+    gathered = accelerator.gather(local.to(accelerator.device)).cpu()  # process-major: (P x rounds, ...)
+    processes, rounds = accelerator.num_processes, local.shape[0]
+    return gathered.view(processes, rounds, *local.shape[1:]).transpose(0, 1).reshape(-1, *local.shape[1:])
+
+
 def check_population_divides(population_size: int, num_processes: int) -> None:
     if population_size % num_processes:
         lower = population_size - population_size % num_processes

@@ -94,6 +94,17 @@ def degenerate_steps_warning(counters: StepCounters, fitness: torch.Tensor, step
     )
 
 
+def truncated_step_warning(counters: StepCounters, step: int, max_completion_length: int) -> str:
+    """What to say about ES step `step + 1`, every completion of which ended without EOS while
+    `mask_truncated_completions` leaves such completions unscored."""
+    return (
+        f"Step {step + 1}: every completion of every member was truncated (no EOS within max_completion_length="
+        f"{max_completion_length}), and mask_truncated_completions=True scores none of them, so ES makes no update "
+        f"({counters.skipped} such steps so far, logged as es/skipped_steps). Raise max_completion_length, or set "
+        "mask_truncated_completions=False."
+    )
+
+
 def unscored_step_warning(counters: StepCounters, unscored: Counter, reward_names: list[str], step: int) -> str:
     """What to say about ES step `step + 1`, whose completions no reward function scored (GRPO gives such completions
     a zero advantage; ES has no fitness to compare and makes no update)."""

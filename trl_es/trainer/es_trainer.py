@@ -29,6 +29,7 @@ from ..compat.transformers import TrainerHooks
 from ..compat.trl import TrainerTags, colocated_engine, completion_table, grpo_init_sees_defaults, logged_metrics
 from ..core.distributed import (
     check_ranks_agree,
+    gather_members,
     members_of_this_process,
     whole_batch,
 )
@@ -41,31 +42,33 @@ from ..core.fitness import (
     weighted_rewards,
 )
 from ..core.guards import check_finite_tensors, check_fitness
+from ..core.noise import Member, sampling_seed
 from ..core.noise import population as population_members
-from ..core.noise import sampling_seed
 from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
 from . import evaluation, hub, kl_probe, resume, step_logging
+from .agent_rollouts import AgentRollouts
 from .config_checks import check_again_at_train
 from .divergence import (
     StepCounters,
     degenerate_steps_warning,
     divergence_stops_training,
     refuse_infinite_rewards,
+    truncated_step_warning,
     unscored_step_warning,
 )
 from .es_config import ESConfig
 from .grpo_conversion import neutral_grpo_loss_values
-from .inputs import as_es_config, check_datasets, check_model_fits_backend, refuse_agent_features
+from .inputs import as_es_config, check_datasets, check_model_fits_backend
 from .kl_probe import KLProbe
 from .noise_scale import NoiseScale
 from .output_lock import hold_output_dir
 from .preemption import stop_on_preemption
 from .reward_checks import checked_reward_function
-from .rollouts import check_prompts_fit, context_length, tokenize_prompts, tokenizer_of
+from .rollouts import check_prompts_fit, context_length, tokenize_prompts, tokenizer_of, truncation_mask
 from .sampler import EpochSeededRepeatSampler
-from .scoring import score_members
+from .scoring import MemberCompletions, MemberScores, score_members
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +145,13 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             prompts of several tasks whose behaviour the run must keep; by default the first
             `args.kl_anchor_probe_size` prompts of `train_dataset`. Only read with `args.kl_anchor_beta > 0`.
         tools, environment_factory, rollout_func:
-            Accepted for signature compatibility with [`~trl.GRPOTrainer`] and refused if given: ES generates every
-            member with its own weights through its backend, which tool calling and a custom `rollout_func` would
-            bypass.
+            As in [`~trl.GRPOTrainer`] (same arguments, dataset columns, reward-function arguments such as
+            `environments`, and logged `tools/*` metrics), with every member running the whole multi-turn rollout
+            with its own weights, and its environments reset with the same seed as every other member's. A
+            `rollout_func` is called once per member; it may take GRPO's `(prompts, trainer)` (the member's weights
+            are written where it generates: `model.generate` or the colocated vLLM engine) or also a `member`
+            argument, whose `member.generate(prompt_ids)` generates with the member's weights on any backend. See
+            the agents section of the ES trainer docs.
     """
 
     model_tags = ("trl", "trl-es", "es")
@@ -170,9 +177,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         kl_probe_prompts: list | None = None,
     ):
         args = as_es_config(args, model)
-        refuse_agent_features(tools, environment_factory, rollout_func)
         check_model_fits_backend(args, model, peft_config)
-        check_datasets(train_dataset, eval_dataset, args)
+        check_datasets(train_dataset, eval_dataset, args, environment_factory is not None)
         # GRPO's loss settings (beta: a reference model) are hidden from GRPO's constructor and kept in `args`.
         with engine_setup(args), grpo_init_sees_defaults(args, neutral_grpo_loss_values()):
             super().__init__(
@@ -187,7 +193,13 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 optimizers=optimizers,
                 quantization_config=quantization_config,
                 peft_config=peft_config,
+                tools=tools,
+                rollout_func=rollout_func,
+                environment_factory=environment_factory,
             )
+        # GRPO's `tools`: the given tools and the environments' methods.
+        self.agents = AgentRollouts(tools, environment_factory, rollout_func, uses_tools=bool(self.tools))
+        self.agents.check_settings(args)
         self.use_vllm = args.use_vllm
         # GRPO reuses one generation batch for `num_iterations` updates; ES makes one update per prompt batch. Nor is
         # there a policy gradient to correct for vLLM's sampling.
@@ -281,21 +293,11 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         population.master.sigma = self._noise_scale.of_step(step, self.state.max_steps)  # members are drawn with it
         logged_metrics(self, "train")["es/sigma"].append(population.master.sigma)
         members = population_members(args.member_noise_seed, step, args.population_size, args.antithetic)
-        prompts = [example["prompt"] for example in inputs]
-        prompt_ids = tokenize_prompts(self.processing_class, prompts, self.chat_template, self.chat_template_kwargs)
-        check_prompts_fit(prompts, prompt_ids, args.max_completion_length, self.context_length)
-
         # Every member answers the same prompts; with sampling, row j of every member uses the same seed.
-        completion_ids = population.backend.generate(
-            members_of_this_process(self.accelerator, members),
-            prompt_ids,
-            self.sampling,
-            sampling_seed(args.member_noise_seed, step),
-            timer,
+        generated, scores = self._generate_and_score(
+            inputs, members, sampling_seed(args.member_noise_seed, step), timer
         )
-        with timer("reward"):
-            self._unscored.clear()  # None and NaN rewards of this step, counted by the checked reward functions
-            scores = score_members(self, inputs, prompts, prompt_ids, completion_ids)
+        prompts = generated.prompts[0]
         with divergence_stops_training(step, args.output_dir):  # before anything is shaped or applied
             refuse_infinite_rewards(
                 scores.rewards_per_func,
@@ -314,7 +316,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             args.normalize_fitness_per_prompt,
         )
         if not any_scored(objective):  # e.g. a reward function for another domain of a mixed dataset
-            self._skip_unscored_step(scores, completion_rewards, prompt_ids, completion_ids, timer)
+            self._skip_unscored_step(scores, completion_rewards, generated, timer)
             return None
         fitness = member_fitness(objective)
         with divergence_stops_training(step, args.output_dir):
@@ -336,9 +338,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             check_ranks_agree(self.accelerator, population.master, step=step + 1)
             population.backend.check_consistency(step=step + 1)
 
-        self._log_step(
-            scores, completion_rewards, fitness, update_norm, timer, prompt_ids, completion_ids, js_diversity
-        )
+        self._log_step(scores, completion_rewards, fitness, update_norm, timer, generated, js_diversity)
         step_logging.log_best_member(
             completion_table(self), self.accelerator, self.reward_func_names, prompts, scores, shaped
         )
@@ -352,15 +352,50 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             if counters.degenerate_streak % self.warn_after_degenerate_steps == 0:
                 logger.warning(degenerate_steps_warning(counters, fitness, self.state.global_step))
 
-    def _skip_unscored_step(self, scores, completion_rewards, prompt_ids, completion_ids, timer) -> None:
+    def _generate_and_score(
+        self, inputs: list[dict], members: list[Member], seed: int, timer: PhaseTimer
+    ) -> tuple[MemberCompletions, MemberScores]:
+        """This process's members' completions (`members`: the whole population) and the whole population's rewards.
+        A plain step generates every member in one backend call; with agents (`tools`, `environment_factory`,
+        `rollout_func`) members run their rollouts group by group, each group scored before its environments are
+        reused. With `mask_truncated_completions`, a completion that ended without EOS scores nothing."""
+        local = members_of_this_process(self.accelerator, members)
+        self._unscored.clear()  # None and NaN rewards of this step, counted by the checked reward functions
+        if not self.agents.active:
+            prompts = [example["prompt"] for example in inputs]
+            template, template_kwargs = self.chat_template, self.chat_template_kwargs
+            prompt_ids = tokenize_prompts(self.processing_class, prompts, template, template_kwargs)
+            check_prompts_fit(prompts, prompt_ids, self.args.max_completion_length, self.context_length)
+            completion_ids = self.population.backend.generate(local, prompt_ids, self.sampling, seed, timer)
+            generated = MemberCompletions.of_one_turn(prompts, prompt_ids, completion_ids)
+            with timer("reward"):
+                scores = score_members(self, inputs, generated)
+        else:
+            parts = []
+            indices = {member: index for index, member in enumerate(members)}
+            for group in self.agents.groups(self.population.backend, local):
+                rollouts = self.agents.generate(self, group, [indices[m] for m in group], inputs, seed, timer)
+                with timer("reward"):
+                    parts.append((rollouts, score_members(self, inputs, rollouts)))
+            generated = MemberCompletions.joined([rollouts for rollouts, _ in parts])
+            scores = MemberScores.joined([part for _, part in parts])
+        if self.args.mask_truncated_completions:
+            truncated = gather_members(self.accelerator, truncation_mask(generated.completion_ids, self.tokens))
+            scores.rewards_per_func[truncated] = float("nan")  # no fitness contribution, as no loss in GRPO
+            scores.truncated = truncated
+        return generated, scores
+
+    def _skip_unscored_step(self, scores, completion_rewards, generated, timer) -> None:
         """A step whose completions no reward function scored has no fitness: make no update, warn, count it."""
         self._counters.skipped += 1
         if self.accelerator.is_main_process:  # every process skips the same step
-            warning = unscored_step_warning(
-                self._counters, self._unscored, self.reward_func_names, self.state.global_step
-            )
+            step = self.state.global_step
+            if scores.truncated is not None and bool(scores.truncated.all()):
+                warning = truncated_step_warning(self._counters, step, self.args.max_completion_length)
+            else:
+                warning = unscored_step_warning(self._counters, self._unscored, self.reward_func_names, step)
             logger.warning(warning)
-        self._log_step(scores, completion_rewards, None, 0.0, timer, prompt_ids, completion_ids)
+        self._log_step(scores, completion_rewards, None, 0.0, timer, generated)
 
     def _consistency_check_due(self) -> bool:
         step = self.state.global_step + 1  # the step this update completes
@@ -370,9 +405,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Logging
 
-    def _log_step(
-        self, scores, completion_rewards, fitness, update_norm, timer, prompt_ids, completion_ids, js_diversity=None
-    ) -> None:
+    def _log_step(self, scores, completion_rewards, fitness, update_norm, timer, generated, js_diversity=None) -> None:
         metrics = logged_metrics(self, "train")
         step_logging.log_step(
             metrics,
@@ -386,8 +419,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             js_diversity,
         )
         step_logging.log_completion_lengths(
-            self.accelerator, self.state, metrics, self.tokens.end_ids, prompt_ids, completion_ids, training=True
+            self.accelerator, self.state, metrics, self.tokens.end_ids, generated, training=True
         )
+        if self.agents.uses_tools:
+            step_logging.log_tool_calls(self.accelerator, metrics, generated)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         metrics = logged_metrics(self, "train")

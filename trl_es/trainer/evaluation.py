@@ -7,25 +7,35 @@ from __future__ import annotations
 
 import math
 
-from ..compat.trl import calculate_rewards, logged_metrics, take_reward_logs
+from ..backends.base import PhaseTimer
+from ..compat.trl import calculate_rewards, logged_metrics, set_reward_environments, take_reward_logs
 from ..core.fitness import weighted_rewards
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.trainer_coverage import measure_trainer
 from .rollouts import check_prompts_fit, decode_completions, tokenize_prompts
-from .step_logging import log_completion_lengths, log_rewards, mean_or_none
+from .scoring import MemberCompletions
+from .step_logging import log_completion_lengths, log_rewards, log_tool_calls, mean_or_none
 
 
 def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
-    """Generate the centre's completions of one eval batch and log GRPO's eval metrics for them."""
-    prompts = [example["prompt"] for example in inputs]
-    prompt_ids = tokenize_prompts(
-        trainer.processing_class, prompts, trainer.chat_template, trainer.chat_template_kwargs
-    )
-    check_prompts_fit(prompts, prompt_ids, trainer.args.max_completion_length, trainer.context_length)
+    """Generate the centre's completions of one eval batch (its whole rollouts, with agents) and log GRPO's eval
+    metrics for them."""
     seed = sampling_seed(trainer.args.seed, f"eval-{trainer.state.global_step}")
-    completion_ids = trainer.population.backend.generate_center(prompt_ids, trainer.sampling, seed)
-    completions = decode_completions(trainer.processing_class, prompts, prompt_ids, completion_ids)
+    if trainer.agents.active:
+        generated = trainer.agents.generate(trainer, [None], [0], inputs, seed, PhaseTimer())
+        completions = generated.completions[0]
+        set_reward_environments(trainer, generated.environments[0] if generated.environments else None)
+        inputs = generated.inputs[0]
+    else:
+        prompts = [example["prompt"] for example in inputs]
+        template, template_kwargs = trainer.chat_template, trainer.chat_template_kwargs
+        prompt_ids = tokenize_prompts(trainer.processing_class, prompts, template, template_kwargs)
+        check_prompts_fit(prompts, prompt_ids, trainer.args.max_completion_length, trainer.context_length)
+        completion_ids = trainer.population.backend.generate_center(prompt_ids, trainer.sampling, seed)
+        generated = MemberCompletions.of_one_turn(prompts, prompt_ids, [completion_ids])
+        completions = decode_completions(trainer.processing_class, prompts, prompt_ids, completion_ids)
+    prompts, completion_ids = generated.prompts[0], generated.completion_ids[0]
     rewards_per_func = calculate_rewards(trainer, inputs, prompts, completions, completion_ids)
     take_reward_logs(trainer)  # `log_metric` of reward functions counts in training only
     metrics = logged_metrics(trainer, "eval")
@@ -35,8 +45,9 @@ def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
         rewards_per_func,
         weighted_rewards(rewards_per_func, trainer.reward_weights),
     )
-    ends = trainer.tokens.end_ids
-    log_completion_lengths(trainer.accelerator, trainer.state, metrics, ends, prompt_ids, [completion_ids], False)
+    log_completion_lengths(trainer.accelerator, trainer.state, metrics, trainer.tokens.end_ids, generated, False)
+    if trainer.agents.uses_tools:
+        log_tool_calls(trainer.accelerator, metrics, generated)
 
 
 def eval_loss(rewards: list[float]) -> float | None:

@@ -24,7 +24,6 @@ GRPO_ONLY_FIELDS = (
     "importance_sampling_level",
     "scale_rewards",
     "loss_type",
-    "mask_truncated_completions",
     "sync_ref_model",
     "ref_model_mixup_alpha",
     "ref_model_sync_steps",

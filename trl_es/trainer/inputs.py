@@ -1,6 +1,6 @@
-"""What `ESTrainer` is given, checked (and a `GRPOConfig` converted) before anything is built: the config, the agent
-arguments of GRPOTrainer's signature, the model for the chosen backend, and the datasets. The config checks itself
-(`config_checks.py`); these are the checks that need the other arguments."""
+"""What `ESTrainer` is given, checked (and a `GRPOConfig` converted) before anything is built: the config, the model
+for the chosen backend, and the datasets. The config checks itself (`config_checks.py`); these are the checks that
+need the other arguments."""
 
 from __future__ import annotations
 
@@ -30,22 +30,6 @@ def as_es_config(args: ESConfig | GRPOConfig | None, model) -> ESConfig:
     raise TypeError(f"args must be an ESConfig or a GRPOConfig, got {type(args).__name__}.")
 
 
-def refuse_agent_features(tools, environment_factory, rollout_func) -> None:
-    """GRPOTrainer's agent arguments, which ES does not support yet."""
-    if tools or environment_factory is not None:
-        raise NotImplementedError(
-            "ESTrainer does not support tool calling (`tools`, `environment_factory`) yet. Remove them, or train "
-            "this stage with GRPOTrainer."
-        )
-    if rollout_func is not None:
-        raise NotImplementedError(
-            "ESTrainer does not take a `rollout_func`: it generates every population member with that member's "
-            "own weights through its backend, and a custom rollout would generate with other weights (GRPO's "
-            "policy), so every member would be scored on the same completions. Score multi-step or custom "
-            "behaviour in a reward function, or train this stage with GRPOTrainer."
-        )
-
-
 def check_model_fits_backend(args: ESConfig, model, peft_config) -> None:
     if args.use_vllm and (peft_config is not None or (not isinstance(model, str) and is_peft_model(model))):
         raise NotImplementedError(
@@ -53,12 +37,14 @@ def check_model_fits_backend(args: ESConfig, model, peft_config) -> None:
         )
 
 
-def check_datasets(train_dataset, eval_dataset, args: ESConfig) -> None:
-    """Refuse datasets ES cannot train or evaluate on, before anything is built."""
+def check_datasets(train_dataset, eval_dataset, args: ESConfig, environments: bool = False) -> None:
+    """Refuse datasets ES cannot train or evaluate on, before anything is built. With `environments`, a row may have
+    no `prompt` (its environment's `reset` writes it, as in GRPO)."""
     if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
         raise ValueError("train_dataset is empty: ES needs at least one prompt per step. Check the dataset split.")
-    check_prompt_column(train_dataset, "train_dataset")
-    check_prompt_column(eval_dataset, "eval_dataset")
+    if not environments:
+        check_prompt_column(train_dataset, "train_dataset")
+        check_prompt_column(eval_dataset, "eval_dataset")
     _check_prompts_fill_a_step(train_dataset, args)
 
 

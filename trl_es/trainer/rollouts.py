@@ -17,10 +17,15 @@ def tokenizer_of(processing_class):
 
 
 def tokenize_prompts(
-    processing_class, prompts: list, chat_template: str | None = None, chat_template_kwargs: dict | None = None
+    processing_class,
+    prompts: list,
+    chat_template: str | None = None,
+    chat_template_kwargs: dict | None = None,
+    tools: list[list] | None = None,
 ) -> list[list[int]]:
-    """Token ids of each prompt: conversations through the chat template with the generation prompt, plain text
-    through the tokenizer. An empty prompt or conversation is refused by index (it has nothing to continue)."""
+    """Token ids of each prompt: conversations through the chat template with the generation prompt (and the schemas
+    of `tools[i]`, the tools of prompt `i`), plain text through the tokenizer. An empty prompt or conversation is
+    refused by index (it has nothing to continue)."""
     empty = [index for index, prompt in enumerate(prompts) if prompt is None or len(prompt) == 0]
     if empty:
         raise ValueError(
@@ -28,17 +33,27 @@ def tokenize_prompts(
             "conversation with at least one message. Filter them out, e.g. "
             "`dataset = dataset.filter(lambda row: len(row['prompt']) > 0)`."
         )
-    if is_conversational({"prompt": prompts[0]}):
-        tokenized = processing_class.apply_chat_template(
-            conversation=prompts,
-            chat_template=chat_template,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            **(chat_template_kwargs or {}),
-        )
-        return [list(ids) for ids in tokenized["input_ids"]]
-    return [list(ids) for ids in processing_class(text=prompts)["input_ids"]]
+    if not is_conversational({"prompt": prompts[0]}):
+        return [list(ids) for ids in processing_class(text=prompts)["input_ids"]]
+    if tools is not None and any(row_tools != tools[0] for row_tools in tools):  # each with its environment's tools
+        return [
+            _render(processing_class, [prompt], chat_template, chat_template_kwargs, row_tools)[0]
+            for prompt, row_tools in zip(prompts, tools, strict=True)
+        ]
+    return _render(processing_class, prompts, chat_template, chat_template_kwargs, tools[0] if tools else None)
+
+
+def _render(processing_class, prompts, chat_template, chat_template_kwargs, tools) -> list[list[int]]:
+    tokenized = processing_class.apply_chat_template(
+        conversation=prompts,
+        tools=tools or None,  # not []: some templates (Llama) render tool boilerplate for an empty list
+        chat_template=chat_template,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **(chat_template_kwargs or {}),
+    )
+    return [list(ids) for ids in tokenized["input_ids"]]
 
 
 def context_length(model, args) -> int | None:
@@ -75,17 +90,32 @@ def check_prompts_fit(
 
 
 def decode_completions(
-    processing_class, prompts: list, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+    processing_class,
+    prompts: list,
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    tools: list[list] | None = None,
 ) -> list:
     """What reward functions receive as `completions`: text for text prompts, an assistant message for
-    conversations (parsed by the tokenizer's response format where it declares one)."""
+    conversations (parsed by the tokenizer's response format where it declares one, the arguments of its tool calls
+    typed by `tools[i]`, the tools of prompt `i`)."""
     tokenizer = tokenizer_of(processing_class)
     if not is_conversational({"prompt": prompts[0]}):
         return processing_class.batch_decode(completion_ids, skip_special_tokens=True)
     if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
-        return [[parse_response(tokenizer, ids, prefix=prompt_ids[i])] for i, ids in enumerate(completion_ids)]
+        tools = tools or [None] * len(prompts)
+        return [
+            [parse_response(tokenizer, ids, prefix=prompt_ids[i], tools=tools[i] or None)]
+            for i, ids in enumerate(completion_ids)
+        ]
     contents = processing_class.batch_decode(completion_ids, skip_special_tokens=True)
     return [[{"role": "assistant", "content": content}] for content in contents]
+
+
+def truncation_mask(completion_ids: list[list[list[int]]], tokens) -> torch.Tensor:
+    """`(members, rows)`: whether each completion ended without an end token (EOS or padding), as GRPO's
+    `mask_truncated_completions` and `completions/clipped_ratio` judge it (the last token of every turn together)."""
+    return torch.tensor([[not ids or ids[-1] not in tokens.end_ids for ids in member] for member in completion_ids])
 
 
 def completion_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:

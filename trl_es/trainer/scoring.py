@@ -1,15 +1,63 @@
 """Scoring members: each member's completions go through GRPO's own reward code (reward models, async functions,
-dataset columns, `trainer_state`, `log_metric`, `log_extra`, the gather across processes), one call per member."""
+dataset columns, environments, `trainer_state`, `log_metric`, `log_extra`, the gather across processes), one call per
+member."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..compat.trl import calculate_rewards, logged_metrics, take_reward_logs
+from ..agents.tool_calls import ToolCounts
+from ..compat.trl import calculate_rewards, logged_metrics, set_reward_environments, take_reward_logs
 from .rollouts import decode_completions
+
+
+@dataclass
+class MemberCompletions:
+    """What a group of members generated in one step, per member (`[member][row]`).
+
+    `completions` are the messages (or texts) reward functions read; `inputs` and `prompts` the rows and prompts each
+    member was scored on (a rollout function's extra fields, an environment's observation); `environments` the
+    instances reward functions receive as `environments`; `tool_masks` mark the model's own tokens (1) in the
+    completion ids, which also hold tool results (0).
+    """
+
+    prompts: list[list]
+    prompt_ids: list[list[list[int]]]
+    completion_ids: list[list[list[int]]]
+    completions: list[list] | None = None
+    inputs: list[list[dict]] | None = None
+    environments: list[list] | None = None
+    tool_masks: list[list[list[int]]] | None = None
+    tool_counts: ToolCounts = field(default_factory=ToolCounts)
+
+    @classmethod
+    def of_one_turn(cls, prompts: list, prompt_ids: list[list[int]], completion_ids: list[list[list[int]]]):
+        """A plain ES step's: every member answered the same prompts in one turn (decoded when scored)."""
+        return cls([prompts] * len(completion_ids), [prompt_ids] * len(completion_ids), completion_ids)
+
+    @classmethod
+    def joined(cls, groups: list[MemberCompletions]) -> MemberCompletions:
+        """The groups' completions, member after member (what a step logs once every group was scored)."""
+
+        def members(name: str) -> list | None:
+            values = [getattr(group, name) for group in groups]
+            return None if any(value is None for value in values) else [member for value in values for member in value]
+
+        counts = ToolCounts()
+        for group in groups:
+            counts += group.tool_counts
+        names = ("prompts", "prompt_ids", "completion_ids", "completions", "inputs", "environments", "tool_masks")
+        return cls(**{name: members(name) for name in names}, tool_counts=counts)
+
+    def model_token_counts(self) -> list[list[int]]:
+        """Tokens each completion's model generated: all of them, but tool results and template glue (GRPO's
+        completion lengths)."""
+        if self.tool_masks is None:
+            return [[len(ids) for ids in member] for member in self.completion_ids]
+        return [[sum(mask) for mask in member] for member in self.tool_masks]
 
 
 @dataclass
@@ -24,21 +72,38 @@ class MemberScores:
     rewards_per_func: torch.Tensor
     completions: list[list]
     extra_columns: list[dict[str, list]]
+    truncated: torch.Tensor | None = None  # `(members, completions)`: left unscored by `mask_truncated_completions`
+
+    @classmethod
+    def joined(cls, parts: list[MemberScores]) -> MemberScores:
+        """The scores of consecutive rounds of members, scored group by group."""
+        return cls(
+            torch.cat([part.rewards_per_func for part in parts]),
+            [completions for part in parts for completions in part.completions],
+            [columns for part in parts for columns in part.extra_columns],
+        )
 
 
-def score_members(
-    trainer, inputs: list[dict], prompts: list, prompt_ids: list[list[int]], completion_ids: list[list[list[int]]]
-) -> MemberScores:
-    """Decode and score this process's members' completions (`completion_ids`, one entry per member) with
-    `trainer`'s reward functions, one reward call per member (the batch GRPO would score), each gathering that
-    round's rewards from every process. What the functions `log_metric` is averaged over the step into the trainer's
-    train metrics."""
+def score_members(trainer, inputs: list[dict], generated: MemberCompletions) -> MemberScores:
+    """Score this process's members' completions (`generated`, one entry per member) with `trainer`'s reward
+    functions, one reward call per member (the batch GRPO would score), each gathering that round's rewards from every
+    process. A member's completions are decoded here unless they come as messages already; its rows are `inputs`
+    unless it has its own, and its environments (if any) are what reward functions receive as `environments`. What
+    the functions `log_metric` is averaged over the step into the trainer's train metrics."""
     rounds, completions, columns, logged = [], [], [], defaultdict(list)
     processes = trainer.accelerator.num_processes
-    for member_ids in completion_ids:
-        member_completions = decode_completions(trainer.processing_class, prompts, prompt_ids, member_ids)
-        rewards = calculate_rewards(trainer, inputs, prompts, member_completions, member_ids)  # (P x rows, funcs)
-        rounds.append(rewards.view(processes, len(prompts), -1))
+    for m, member_ids in enumerate(generated.completion_ids):
+        prompts, prompt_ids = generated.prompts[m], generated.prompt_ids[m]
+        member_completions = (
+            generated.completions[m]
+            if generated.completions is not None
+            else decode_completions(trainer.processing_class, prompts, prompt_ids, member_ids)
+        )
+        member_inputs = generated.inputs[m] if generated.inputs is not None else inputs
+        if generated.environments is not None:
+            set_reward_environments(trainer, generated.environments[m])
+        rewards = calculate_rewards(trainer, member_inputs, prompts, member_completions, member_ids)
+        rounds.append(rewards.view(processes, len(prompts), -1))  # (P x rows, funcs) -> (P, rows, funcs)
         metrics, extra_columns = take_reward_logs(trainer)
         for name, values in metrics.items():
             logged[name] += values

@@ -12,7 +12,7 @@ from ..backends.base import PhaseTimer
 from ..core.distributed import from_process
 from .divergence import StepCounters
 from .rollouts import completion_metrics
-from .scoring import MemberScores
+from .scoring import MemberCompletions, MemberScores
 
 PHASES = ("perturb", "generate", "reward", "update")
 
@@ -73,20 +73,33 @@ def log_step(
 
 
 def log_completion_lengths(
-    accelerator, state, metrics: dict[str, list], end_ids: set[int], prompt_ids, completion_ids, training: bool
+    accelerator, state, metrics: dict[str, list], end_ids: set[int], generated: MemberCompletions, training: bool
 ) -> None:
-    """GRPO's `num_tokens` and `completions/*` over the completions of every member (`completion_ids`: this
-    process's, per member) of every process; only training counts its tokens into `state.num_input_tokens_seen`."""
+    """GRPO's `num_tokens` and `completions/*` over the completions of every member (`generated`: this process's) of
+    every process: a completion's length counts the model's own tokens (not tool results), and it is truncated when
+    it ends without an end token; only training counts its tokens into `state.num_input_tokens_seen`."""
     device = accelerator.device
-    rows = [ids for member in completion_ids for ids in member]
-    lengths = accelerator.gather(torch.tensor([len(ids) for ids in rows], device=device))
+    lengths = [length for member in generated.model_token_counts() for length in member]
+    rows = [ids for member in generated.completion_ids for ids in member]
+    lengths = accelerator.gather(torch.tensor(lengths, device=device))
     truncated = accelerator.gather(torch.tensor([not ids or ids[-1] not in end_ids for ids in rows], device=device))
     if training:
-        prompt_tokens = sum(len(ids) for ids in prompt_ids) * len(completion_ids) * accelerator.num_processes
-        state.num_input_tokens_seen += prompt_tokens + int(lengths.sum())
+        prompt_tokens = sum(len(ids) for member in generated.prompt_ids for ids in member)
+        tokens = accelerator.gather(torch.tensor([prompt_tokens], device=device)).sum()
+        state.num_input_tokens_seen += int(tokens) + int(lengths.sum())
     metrics["num_tokens"] = [state.num_input_tokens_seen]
     for name, value in completion_metrics(lengths.cpu(), truncated.cpu()).items():
         metrics[name].append(value)
+
+
+def log_tool_calls(accelerator, metrics: dict[str, list], generated: MemberCompletions) -> None:
+    """GRPO's `tools/call_frequency` (tool calls per rollout) and `tools/failure_frequency` (failed calls per call),
+    over every member's rollouts on every process."""
+    rollouts = sum(len(member) for member in generated.completion_ids)
+    counts = torch.tensor([generated.tool_counts.calls, generated.tool_counts.failures, rollouts])
+    calls, failures, rollouts = accelerator.gather(counts.to(accelerator.device)).view(-1, 3).sum(0).tolist()
+    metrics["tools/call_frequency"].append(calls / rollouts)
+    metrics["tools/failure_frequency"].append(failures / calls if calls else 0.0)
 
 
 def log_best_member(
