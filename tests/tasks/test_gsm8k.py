@@ -45,3 +45,22 @@ def test_the_gsm8k_example_runs_offline(tmp_path, tiny_model_path):
     run = subprocess.run([sys.executable, str(EXAMPLE), *arguments, "--use_cpu"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "es-gsm8k" / "model.safetensors").is_file()
+
+
+def test_the_calculator_evaluates_arithmetic_and_refuses_anything_else():
+    from trl_es.tasks.gsm8k import calculator
+
+    assert calculator("(12 + 30) * 4") == "168" and calculator("7 / 2") == "3.5" and calculator(" -3**2 ") == "-9"
+    for expression in ("__import__('os').system('true')", "x + 1", "2 ** 1000", "'a' * 3"):
+        with pytest.raises(ValueError):
+            calculator(expression)
+
+
+@pytest.mark.slow
+def test_the_gsm8k_tools_example_runs_offline_with_tiny(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    arguments = ["--tiny", "--output_dir", str(tmp_path / "tools"), "--use_cpu", "--dtype", "float32"]
+    run = subprocess.run([sys.executable, str(EXAMPLES / "es_gsm8k_tools.py"), *arguments], capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "tools" / "model.safetensors").is_file() and "tools/call_frequency" in run.stdout + run.stderr

@@ -6,6 +6,8 @@ Both give conversational prompts and a `solution` column with the final number, 
 
 from __future__ import annotations
 
+import ast
+import operator
 from dataclasses import dataclass, field
 
 from datasets import Dataset, load_dataset
@@ -14,6 +16,40 @@ from trl import ScriptArguments
 HUB_DATASET = "openai/gsm8k"
 OFFLINE_DATASET = "reasoning-gym/gsm_symbolic"
 INSTRUCTION = "Solve the problem step by step, then give the final answer as \\boxed{<number>}."
+TOOL_INSTRUCTION = (
+    "Solve the problem step by step, using the calculator for arithmetic, then give the final answer as "
+    "\\boxed{<number>}."
+)
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
+              ast.UAdd: operator.pos}  # fmt: skip
+MAX_EXPONENT = 64  # `9**9**9` would take the process down; no GSM8K step needs more
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Numbers combined with + - * / // % ** and parentheses, e.g. "(12 + 30) * 4".
+
+    Returns:
+        The value, as text.
+    """
+    value = _evaluate(ast.parse(expression.strip(), mode="eval").body)
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _evaluate(node):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
+        return _OPERATORS[type(node.op)](left, right)
+    raise ValueError(f"not arithmetic: {ast.unparse(node)!r} (use numbers, + - * / // % ** and parentheses)")
 
 
 def gsm8k_solution(answer: str) -> str:
@@ -21,8 +57,8 @@ def gsm8k_solution(answer: str) -> str:
     return answer.split("####")[-1].strip().replace(",", "")
 
 
-def _as_conversation(question: str, solution: str) -> dict:
-    return {"prompt": [{"role": "user", "content": f"{question}\n{INSTRUCTION}"}], "solution": solution}
+def _as_conversation(question: str, solution: str, instruction: str = INSTRUCTION) -> dict:
+    return {"prompt": [{"role": "user", "content": f"{question}\n{instruction}"}], "solution": solution}
 
 
 def gsm8k_dataset(
@@ -31,6 +67,7 @@ def gsm8k_dataset(
     split: str = "train",
     num_offline_problems: int = 1024,
     seed: int = 0,
+    instruction: str = INSTRUCTION,
 ) -> Dataset:
     """GSM8K as conversational prompts with a `solution` column.
 
@@ -43,7 +80,7 @@ def gsm8k_dataset(
         except ImportError as error:
             raise ImportError("The offline GSM8K problems need reasoning-gym: `pip install reasoning-gym`.") from error
         problems = reasoning_gym.create_dataset("gsm_symbolic", size=num_offline_problems, seed=seed)
-        rows = [_as_conversation(problem["question"], problem["answer"]) for problem in problems]
+        rows = [_as_conversation(problem["question"], problem["answer"], instruction) for problem in problems]
         return Dataset.from_list(rows)
     try:
         dataset = load_dataset(name, config, split=split)
@@ -54,7 +91,7 @@ def gsm8k_dataset(
             "locally."
         ) from error
     return dataset.map(
-        lambda row: _as_conversation(row["question"], gsm8k_solution(row["answer"])),
+        lambda row: _as_conversation(row["question"], gsm8k_solution(row["answer"]), instruction),
         remove_columns=dataset.column_names,
     )
 
@@ -69,11 +106,12 @@ class GSM8KScriptArguments(ScriptArguments):
     dataset_config: str | None = field(default="main", metadata={"help": "Configuration of the Hub dataset."})
     num_offline_problems: int = field(default=1024, metadata={"help": "Problems to generate with reasoning-gym."})
 
-    def train_dataset(self, seed: int) -> Dataset:
+    def train_dataset(self, seed: int, instruction: str = INSTRUCTION) -> Dataset:
         return gsm8k_dataset(
             self.dataset_name,
             self.dataset_config,
             split=self.dataset_train_split,
             num_offline_problems=self.num_offline_problems,
             seed=seed,
+            instruction=instruction,
         )
