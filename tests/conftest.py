@@ -36,6 +36,7 @@ VLLM_ENGINE_MODULES = (
     "backends/test_vllm_lora.py",
     "evolm/test_vllm_phase_datasets.py",
     "evaluation/test_vllm_benchmark_eval.py",
+    "integration/test_trl_agent_tests.py",
     "backends/test_vllm_server.py",
 )
 
