@@ -1417,6 +1417,11 @@ def test_rollout_func_generates_with_each_members_weights_in_the_colocated_engin
     expected, centre = members_generate(trainer, calls[0]["short"][0])
     assert len({str(member) for member in expected}) == POPULATION_SIZE and centre not in expected  # they differ
     assert [call["short"][1] for call in calls] == expected
+    # What the next test needs to tell members apart: long prompts, on which members generate differently.
+    long_prompt_ids = calls[0]["long"][0]
+    assert len(long_prompt_ids[0]) > 256  # several KV blocks, which vLLM's prefix cache shares between requests
+    expected, centre = members_generate(trainer, long_prompt_ids)
+    assert len({str(member) for member in expected}) == POPULATION_SIZE and centre not in expected
 
 
 @pytest.mark.xfail(
@@ -1430,9 +1435,7 @@ def test_rollout_func_generates_with_each_members_weights_in_the_colocated_engin
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_rollout_func_never_reads_kv_blocks_cached_under_another_members_weights(vllm_rollout_run):
+    # The prompts span several KV blocks and members generate differently on them (checked by the test above).
     trainer, calls = vllm_rollout_run
-    prompt_ids = calls[0]["long"][0]
-    assert len(prompt_ids[0]) > 256  # several KV blocks, which vLLM's prefix cache shares between requests
-    expected, centre = members_generate(trainer, prompt_ids)
-    assert len({str(member) for member in expected}) == POPULATION_SIZE and centre not in expected
+    expected, _ = members_generate(trainer, calls[0]["long"][0])
     assert [call["long"][1] for call in calls] == expected
