@@ -1424,17 +1424,11 @@ def test_rollout_func_generates_with_each_members_weights_in_the_colocated_engin
     assert len({str(member) for member in expected}) == POPULATION_SIZE and centre not in expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trl-es bug: a rollout_func(prompts, trainer) generating with trainer.vllm_generation.llm (vLLM colocate) "
-    "reuses prefix-cache KV blocks computed under the previous member's weights: VLLMColocateBackend.load_member "
-    "keeps other weights' blocks from matching only for requests that carry its cache_salt (weights_tag), which a "
-    "GRPO rollout function does not send, while GRPO's sync_weights resets the prefix cache. Passes with "
-    "llm.reset_prefix_cache() after each member's weights are loaded.",
-)
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_rollout_func_never_reads_kv_blocks_cached_under_another_members_weights(vllm_rollout_run):
+    """Issue 28 (found by this test): a rollout function generating through the colocated engine sends no cache salt,
+    and read KV blocks cached under the previous member's weights until every load reset the prefix cache."""
     # The prompts span several KV blocks and members generate differently on them (checked by the test above).
     trainer, calls = vllm_rollout_run
     expected, _ = members_generate(trainer, calls[0]["long"][0])

@@ -44,9 +44,13 @@ class VLLMColocateBackend(OneMemberAtATime):
         self.weights_tag = uuid.uuid4().hex  # changes with every load: the prefix cache salt
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write Hugging Face-named tensors (any dtype) into the engine."""
+        """Write Hugging Face-named tensors (any dtype) into the engine, and drop the KV blocks cached under the
+        weights it held: this backend's requests carry the new `weights_tag` as their cache salt, but a user's
+        rollout function generating through the engine sends none (issue 28: it read the previous member's blocks).
+        Nothing cached under other weights could be used anyway."""
         self.engine_model.load_weights((name, tensor.to(self.dtype)) for name, tensor in named_tensors)
         self.weights_tag = uuid.uuid4().hex
+        self.llm.reset_prefix_cache()
 
     def load_member(self, member: Member) -> None:
         self.load_weights(self.master.perturbed(member))
