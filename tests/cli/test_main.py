@@ -141,7 +141,7 @@ def test_trl_es_es_then_grpo_from_a_yaml_config(tmp_path, tiny_model_path, promp
     assert (es_final / "model.safetensors").is_file() and (grpo_final / "model.safetensors").is_file()
     es_stage, grpo_stage = saved_args(es_final), saved_args(grpo_final)
     assert (es_stage.learning_rate, es_stage.temperature, es_stage.max_steps) == (0.001, 0.7, 2)
-    assert type(grpo_stage) is GRPOConfig
+    assert isinstance(grpo_stage, GRPOConfig)  # GRPOStageConfig: a GRPOConfig that hides secrets
     assert (grpo_stage.learning_rate, grpo_stage.num_generations, grpo_stage.max_steps) == (3e-6, 2, 1)  # overrides
     assert grpo_stage.temperature == 1.0  # redefined by ES: GRPO's default, not the top-level 0.7
     assert (grpo_stage.max_completion_length, grpo_stage.per_device_train_batch_size) == (8, 4)  # copied
