@@ -1,7 +1,8 @@
 """vLLM colocate backend: members are written into the in-process engine through vLLM's own `load_weights`.
 
-`load_weights` takes Hugging Face names and handles vLLM's fused (qkv, gate_up) and tensor-parallel layouts, so the
-master never needs to know the engine's layout.
+`load_weights` takes Hugging Face names and handles vLLM's fused (qkv, gate_up) layouts, so the master never needs to
+know the engine's layout. One engine per process: a tensor-parallel engine shared by several processes is refused in
+`ESConfig` (each process would write its own member into it).
 
 A member must never reuse KV blocks that the prefix cache computed with other weights. Instead of resetting the cache
 after every weight change (a walk over every block: about 1 ms per member for a 1 GiB cache), every load gets a fresh

@@ -14,9 +14,9 @@ perturbs must be such a weight: embeddings, `lm_head`, norms and biases stay fro
 
 Adapters are written as PEFT checkpoints (safetensors + `adapter_config.json`) under `adapter_dir`, one folder per
 member, and deleted once the call returns. vLLM 0.32 loads adapters only from a path (`LoRARequest.lora_path` is
-required, the worker reads it with `LoRAModel.from_local_checkpoint`); files also work under tensor parallelism, where
-every worker slices the adapter itself. Each adapter gets a process-wide `lora_int_id` (and name) never used before,
-so no adapter cache of vLLM can serve the factors of an older step, and prompts carry the base weights' `cache_salt`.
+required, the worker reads it with `LoRAModel.from_local_checkpoint`). Each adapter gets a process-wide `lora_int_id`
+(and name) never used before, so no adapter cache of vLLM can serve the factors of an older step, and prompts carry
+the base weights' `cache_salt`.
 """
 
 from __future__ import annotations
