@@ -34,7 +34,7 @@ TEMPLATES = (
     "Compare the {first} with the {second}. What is the price of the {asked}?",
     "Next to the {first} is a {second}. Find the price of the {asked}.",
 )
-MIN_PRICE, MAX_PRICE = 1, 99
+MIN_PRICE, MAX_PRICE = 10, 99  # two digits each, so a price is always copied in as many tokens
 ANSWERED = "ok"  # what `answer` returns
 
 
