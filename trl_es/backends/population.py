@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..compat.trl import lora_enabled_llm, vllm_server_hidden_from_grpo
+from ..core.compensated import CompensatedMasterWeights
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
@@ -50,10 +51,10 @@ class Population:
         update_norm = self.master.apply_update(
             coefficients, lr=lr, weight_decay=weight_decay, shards=self.update_shards
         )
-        for name, master in self.master.tensors.items():
+        for name in self.master.tensors:
             parameter = self.parameters[name]
-            if parameter.data_ptr() != master.data_ptr():  # a float32 parameter may be the master itself
-                parameter.copy_(master)
+            if not self.master.holds(name, parameter):  # a parameter may be (part of) the master itself
+                parameter.copy_(self.master.tensors[name])
         self.backend.after_update(coefficients, lr=lr, weight_decay=weight_decay)
         return update_norm
 
@@ -109,6 +110,8 @@ def build_population(
         master = LowRankMasterWeights.from_model(
             model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share
         )
+    elif args.master_dtype == "compensated_bfloat16":
+        master = CompensatedMasterWeights(parameters, args.sigma, share_bfloat16=share)
     else:
         master = MasterWeights(parameters, args.sigma, share_float32=share)
     master.optimizer = DirectionOptimizer(direction_optimizer_settings(args))

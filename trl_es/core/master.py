@@ -40,6 +40,7 @@ class MasterWeights:
             name: param.detach() if share_float32 and param.dtype == torch.float32 else param.detach().float().clone()
             for name, param in parameters.items()
         }
+        self.shared = {name for name, param in parameters.items() if self.tensors[name].data_ptr() == param.data_ptr()}
         # The dtype each tensor is written into: an update must stay finite there too, not only in float32.
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
@@ -92,14 +93,23 @@ class MasterWeights:
         for name, step in steps:
             master, step = self.tensors[name], step.mul_(lr)
             check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr, self.parameter_dtypes[name])
-            if weight_decay:
-                master.mul_(1.0 - lr * weight_decay)
-            master.add_(step)
+            self._add_step(name, step, 1.0 - lr * weight_decay if weight_decay else None)
             squared_norms[name] = float(step.double().pow(2).sum())
         squared_norm = 0.0
         for name in names:  # in tensor order, however the directions came: the same float on any number of processes
             squared_norm += squared_norms[name]
         return math.sqrt(squared_norm)
+
+    def _add_step(self, name: str, step: torch.Tensor, decay: float | None) -> None:
+        """`master <- master * decay + step` for tensor `name` (no decay when None), in place."""
+        master = self.tensors[name]
+        if decay is not None:
+            master.mul_(decay)
+        master.add_(step)
+
+    def _assign(self, name: str, value: torch.Tensor) -> None:
+        """`master <- value` for tensor `name` (a float32 tensor of its shape, checked by the caller)."""
+        self.tensors[name].copy_(value)
 
     def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
         """`||master - reference|| / ||reference||` over all tensors (0 when the reference is all zeros)."""
@@ -137,6 +147,15 @@ class MasterWeights:
             return state
         return dict(shards.gathered(self.tensors, self.updated_names(), state, suffixes))
 
+    def nbytes(self) -> int:
+        """The bytes the master adds to the parameters (a tensor shared with a float32 parameter adds none)."""
+        return sum(tensor.nbytes for name, tensor in self.tensors.items() if name not in self.shared)
+
+    def holds(self, name: str, parameter: torch.Tensor) -> bool:
+        """Whether `parameter` is (part of) the master's own storage of tensor `name`, which updates change in
+        place: nothing needs to be copied into it."""
+        return parameter.data_ptr() == self.tensors[name].data_ptr()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.tensors
 
@@ -158,5 +177,5 @@ class MasterWeights:
                     "(and PEFT configuration) that wrote the checkpoint."
                 )
         check_finite_tensors(tensors, "The saved ES master tensors")
-        for name, master in self.tensors.items():
-            master.copy_(tensors[name])
+        for name in self.tensors:
+            self._assign(name, tensors[name])

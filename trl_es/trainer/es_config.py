@@ -115,6 +115,12 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             broadcasts it, so the weights stay bitwise the same as with one process. Each process then receives
             (P - 1)/P of the model in float32 per step; turn it off across machines whose network is slower than
             drawing `population_size` noises of the model again.
+        master_dtype (`str`, *optional*, defaults to `"float32"`):
+            How the master (the centre every member is drawn from and every update lands in) is stored: `"float32"`,
+            8 bytes per parameter beside a bfloat16 model, or `"compensated_bfloat16"`, a bfloat16 value plus a
+            bfloat16 residual that keeps what each update's rounding left out (4 bytes; about 16 significant bits,
+            so steps below the weights' bfloat16 resolution still accumulate). Checkpoints store float32 either way.
+            Not with `perturbation="lowrank"` or `vllm_mode="server"` (whose worker keeps a float32 master).
         noise_seed (`int`, *optional*):
             Seed of the members' noise and of their shared sampling seeds; `seed` when unset. `SequentialTrainer`
             gives every ES stage after the first its own, so that stages do not replay each other's members.
@@ -268,6 +274,15 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
         metadata={
             "help": "With several processes, each computes the update of a share of the tensors and broadcasts it "
             "(bitwise the same result). Turn off where the network is slower than drawing the noise again."
+        },
+    )
+
+    master_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "Storage of the ES master: float32, or compensated_bfloat16 (a bfloat16 value and a bfloat16 "
+            "residual, half the bytes, no update lost).",
+            "choices": ["float32", "compensated_bfloat16"],
         },
     )
 

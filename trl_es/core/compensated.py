@@ -1,0 +1,108 @@
+"""A master weight in 4 bytes that loses no update: a bfloat16 value and a bfloat16 residual (compensated summation).
+
+A bfloat16 master alone keeps 8 significant bits: an ES step of `lr * direction` smaller than half a unit in the last
+place of a weight rounds away, every step, and the run stops moving. Keeping the rounding error of each addition in a
+second bfloat16 tensor (`low`) carries it into the next step, so small steps accumulate as they do in float32: the
+pair holds about 16 significant bits, and each step's addition is exact to within the residual's own rounding (a
+relative 2^-9 of the residual, which is itself at most half a unit of `high`). `split`, `join` and `add_` are the
+arithmetic; `CompensatedMasterWeights` is the ES master stored that way (`ESConfig.master_dtype`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from .direction_optimizer import DirectionOptimizer
+from .master import MasterWeights
+
+
+def split(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`high`, `low`): `value` rounded to bfloat16, and what that rounding left out, in bfloat16."""
+    value = value.float()
+    high = value.to(torch.bfloat16)
+    return high, (value - high.float()).to(torch.bfloat16)
+
+
+def join(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """The float32 value the pair holds."""
+    return high.float() + low.float()
+
+
+def add_(high: torch.Tensor, low: torch.Tensor, step: torch.Tensor) -> None:
+    """Add `step` to the pair in place: the sum in float32, then split again, so nothing of `step` below `high`'s
+    resolution is lost."""
+    new_high, new_low = split(join(high, low) + step.float())
+    high.copy_(new_high)
+    low.copy_(new_low)
+
+
+class JoinedTensors(Mapping):
+    """The float32 values of named pairs, computed when read (one tensor at a time): a read-only view with the
+    interface of the float32 master's `tensors` dict."""
+
+    def __init__(self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]):
+        self.pairs = pairs
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return join(*self.pairs[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+class CompensatedMasterWeights(MasterWeights):
+    """[`MasterWeights`] stored as bfloat16 pairs, with every update kept (see the module). Reading `tensors[name]`
+    gives the float32 value the pair holds; the perturbation, update and checkpoint rules are the float32 master's,
+    applied to those values.
+
+    Args:
+        parameters (`dict[str, torch.Tensor]`): The evolving parameters by name; their values are copied, or shared.
+        sigma (`float`): Noise scale of the members.
+        share_bfloat16 (`bool`, *optional*, defaults to `False`):
+            Use bfloat16 parameters themselves as the `high` half of their pair, so that the master adds only the
+            residual (2 bytes per parameter, where a float32 master adds 4) and updates land in them directly. Only
+            valid when the parameters always hold the centre (members are generated elsewhere, as in vLLM).
+    """
+
+    def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, share_bfloat16: bool = False):
+        self.sigma = sigma
+        self.optimizer = DirectionOptimizer()
+        self.pairs = {
+            name: (param.detach(), torch.zeros_like(param.detach()))  # a bfloat16 value is its own pair
+            if share_bfloat16 and param.dtype == torch.bfloat16
+            else split(param.detach())
+            for name, param in parameters.items()
+        }
+        self.shared = {
+            name for name, param in parameters.items() if self.pairs[name][0].data_ptr() == param.data_ptr()
+        }
+        self.tensors = JoinedTensors(self.pairs)
+        self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
+
+    def nbytes(self) -> int:
+        """The bytes the master adds to the parameters: both halves of each pair, or the residual alone where the
+        parameter is the `high` half."""
+        return sum(
+            low.nbytes + (0 if name in self.shared else high.nbytes) for name, (high, low) in self.pairs.items()
+        )
+
+    def holds(self, name: str, parameter: torch.Tensor) -> bool:
+        return name in self.shared and self.pairs[name][0].data_ptr() == parameter.data_ptr()
+
+    def _add_step(self, name: str, step: torch.Tensor, decay: float | None) -> None:
+        high, low = self.pairs[name]
+        value = join(high, low)
+        if decay is not None:
+            value.mul_(decay)
+        self._assign(name, value.add_(step))
+
+    def _assign(self, name: str, value: torch.Tensor) -> None:
+        high, low = self.pairs[name]
+        new_high, new_low = split(value)
+        high.copy_(new_high)
+        low.copy_(new_low)
