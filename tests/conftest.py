@@ -37,6 +37,7 @@ VLLM_ENGINE_MODULES = (
     "evolm/test_vllm_phase_datasets.py",
     "evaluation/test_vllm_benchmark_eval.py",
     "integration/test_trl_agent_tests.py",
+    "integration/test_member_turns.py",
     "backends/test_vllm_server.py",
 )
 
