@@ -19,9 +19,14 @@ from . import env, evolm_demo, vllm_serve
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..demo.run import run_demo
+    if args.task == "tools":
+        from ..demo.tools import TOOLS_DEMO, run_tools_demo
 
-    run_demo(output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed)
+        run_tools_demo(output_dir=args.output_dir, max_steps=args.max_steps or TOOLS_DEMO.max_steps, seed=args.seed)
+        return 0
+    from ..demo.run import DEMO, run_demo
+
+    run_demo(output_dir=args.output_dir, max_steps=args.max_steps or DEMO.max_steps, seed=args.seed)
     return 0
 
 
@@ -325,10 +330,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trl-es", description="Evolution Strategies post-training for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="ES on the embedded arithmetic model, offline on CPU: held-out Pass@k before and after."
+        "demo",
+        help="ES on an embedded model, offline on CPU: held-out Pass@k (arithmetic) or episode success (tools) before "
+        "and after.",
+    )
+    demo.add_argument(
+        "--task",
+        choices=("arithmetic", "tools"),
+        default="arithmetic",
+        help="arithmetic: word problems answered in one turn, scored by a verifier. tools: price questions that the "
+        "model answers by calling an environment's lookup and answer tools, scored by the environment.",
     )
     demo.add_argument("--output_dir", default=None, help="Where to write the models (default: a temporary folder).")
-    demo.add_argument("--max_steps", type=int, default=200, help="Number of ES steps.")
+    demo.add_argument(
+        "--max_steps", type=int, default=None, help="Number of ES steps (default: 200 for arithmetic, 60 for tools)."
+    )
     demo.add_argument("--seed", type=int, default=0, help="Seed of the noise and of the data order.")
     demo.set_defaults(handler=_demo)
 

@@ -9,7 +9,7 @@ templates it usually looks the price up, on others it usually answers a guess, a
 other item of the question a third of the time; after a lookup it always submits the price it read. The model learns
 these habits, and ES then makes it prefer the call that succeeds, through the environment's reward alone.
 Deterministic: a fixed seed, one thread and a fixed number of steps give the same weights bit for bit with the same
-torch build (a few minutes on one CPU core).
+torch build. The embedded model took 24 minutes on one CPU thread (3000 steps; the machine's other core was busy).
 """
 
 from __future__ import annotations
