@@ -74,26 +74,36 @@ def one_thread():
 
 def train_supervised(
     model,
-    examples: list[tuple[list[int], int]],
+    examples: list,
     pad_token_id: int,
     max_steps: int,
     batch_size: int,
     learning_rate: float,
     log=print,
+    make_batch=None,
+    decay: bool = False,
 ) -> None:
-    """Next-token training on the completions of `examples` ((ids, prompt length) pairs, taken in order, cycling):
-    AdamW with 100 warm-up steps and gradient clipping, on one thread so that the weights are the same on every run."""
+    """Next-token training on `examples` (taken in order, cycling), batched by `make_batch(examples, pad_token_id)`
+    (default `supervised_batch`: (ids, prompt length) pairs, the loss on the completions): AdamW with 100 warm-up
+    steps (then, with `decay`, a linear decay to a tenth of `learning_rate`) and gradient clipping, on one thread so
+    that the weights are the same on every run."""
+    make_batch = make_batch or supervised_batch
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
+
+    def rate(step: int) -> float:
+        warmup = (step + 1) / 100
+        return min(warmup, 1.0 - 0.9 * step / max(max_steps, 1)) if decay else min(1.0, warmup)
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     model.train()
     with one_thread():
         for step in range(max_steps):
             start = (step * batch_size) % (len(examples) - batch_size)
-            loss = model(**supervised_batch(examples[start : start + batch_size], pad_token_id)).loss
+            loss = model(**make_batch(examples[start : start + batch_size], pad_token_id)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            warmup.step()
+            schedule.step()
             optimizer.zero_grad(set_to_none=True)
             if (step + 1) % 100 == 0:
                 log(f"step {step + 1}/{max_steps}  loss {loss.item():.4f}")

@@ -24,7 +24,7 @@ from transformers.utils import get_json_schema
 from ..agents.environments import environment_tools
 from ..tasks.lookup import ANSWERED, ITEMS, MAX_PRICE, MIN_PRICE, LookupEnvironment, question
 from ..testing import build_tiny_qwen2, build_tool_tokenizer
-from .pretrain import one_thread, save_model_and_tokenizer
+from .pretrain import save_model_and_tokenizer, train_supervised
 
 # The careless solver's habits: the chance that it answers a guess instead of looking up, by question template,
 # and the chance that a lookup names the question's other item.
@@ -112,31 +112,6 @@ def masked_batch(examples: list[tuple[list[int], list[int]]], pad_token_id: int)
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
-def train_on_turns(
-    model, examples, pad_token_id: int, max_steps: int, batch_size: int, learning_rate: float, log=print
-):
-    """Next-token training on the assistant turns of `examples` (taken in order, cycling): AdamW with 100 warm-up
-    steps, then a linear decay to a tenth of `learning_rate` (a constant rate spikes the loss late in training), and
-    gradient clipping, on one thread (as `trl_es.demo.pretrain.train_supervised`)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / 100, 1.0 - 0.9 * step / max(max_steps, 1))
-    )
-    model.train()
-    with one_thread():
-        for step in range(max_steps):
-            start = (step * batch_size) % (len(examples) - batch_size)
-            loss = model(**masked_batch(examples[start : start + batch_size], pad_token_id)).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            if (step + 1) % 100 == 0:
-                log(f"step {step + 1}/{max_steps}  loss {loss.item():.4f}")
-    model.eval()
-
-
 def pretrain_tools(
     output_dir: str | Path,
     max_steps: int = 3000,
@@ -152,7 +127,10 @@ def pretrain_tools(
     tokenizer = build_tool_tokenizer(vocab_size=512, corpus=tokenizer_corpus(), individual_digits=True)
     model = build_tiny_qwen2(tokenizer, seed=seed, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
     examples = training_examples(tokenizer, num_examples, seed)
-    train_on_turns(model, examples, tokenizer.pad_token_id, max_steps, batch_size, learning_rate, log)
+    # A linear decay after the warm-up: a constant rate spiked the loss late in training.
+    train_supervised(
+        model, examples, tokenizer.pad_token_id, max_steps, batch_size, learning_rate, log, masked_batch, decay=True
+    )
     return save_model_and_tokenizer(model, tokenizer, output_dir)
 
 

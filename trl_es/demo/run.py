@@ -51,24 +51,25 @@ class DemoSettings:
     def es_config(self, output_dir: str, seed: int = 0, **overrides) -> ESConfig:
         """The ESConfig of these settings: greedy decoding, on CPU, no checkpoints, no reporting; `overrides` are
         further ESConfig fields (e.g. `disable_tqdm=True`)."""
-        from ..trainer.es_config import ESConfig
-
         fields = {
-            "output_dir": output_dir,
             "population_size": self.population_size,
             "sigma": self.sigma,
             "learning_rate": self.learning_rate,
             "per_device_train_batch_size": self.prompts_per_step,  # prompts per step, answered by every member
             "max_completion_length": self.max_completion_length,
-            "temperature": 0.0,  # greedy: one completion per prompt and member
             "max_steps": self.max_steps,
             "logging_steps": self.logging_steps,
-            "save_strategy": "no",
-            "report_to": [],
-            "seed": seed,
-            "use_cpu": True,
         }
-        return ESConfig(**(fields | overrides))
+        return demo_es_config(output_dir, seed, **(fields | overrides))
+
+
+def demo_es_config(output_dir: str, seed: int, **fields) -> ESConfig:
+    """An ESConfig as the demos run it: greedy decoding (one completion per prompt and member), on CPU, no
+    checkpoints, no reporting, with `fields` on top."""
+    from ..trainer.es_config import ESConfig
+
+    defaults = {"temperature": 0.0, "save_strategy": "no", "report_to": [], "use_cpu": True}
+    return ESConfig(output_dir=output_dir, seed=seed, **(defaults | fields))
 
 
 DEMO = DemoSettings()

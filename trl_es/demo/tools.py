@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..tasks.lookup import LookupEnvironment, lookup_dataset
+from .run import demo_es_config
 
 if TYPE_CHECKING:
     from ..trainer.es_config import ESConfig
@@ -54,29 +55,21 @@ class ToolsDemoSettings:
     num_held_out: int = 256  # the first test questions, never trained on
 
     def es_config(self, output_dir: str, seed: int = 0, **overrides) -> ESConfig:
-        """The ESConfig of these settings: greedy decoding, on CPU, no checkpoints, no reporting; `overrides` are
-        further ESConfig fields."""
-        from ..trainer.es_config import ESConfig
-
+        """The ESConfig of these settings (`demo_es_config`: greedy, on CPU, no checkpoints); `overrides` are further
+        ESConfig fields."""
         fields = {
-            "output_dir": output_dir,
             "population_size": self.population_size,
             "sigma": self.sigma,
             "learning_rate": self.learning_rate,
-            "per_device_train_batch_size": self.prompts_per_step,
+            "per_device_train_batch_size": self.prompts_per_step,  # questions per step, played by every member
             "per_device_eval_batch_size": 64,
             "max_completion_length": self.max_completion_length,
             "max_tool_calling_iterations": self.max_tool_calling_iterations,
-            "temperature": 0.0,
             "reward_weights": [0.0],  # `turns` is measured; the environment's own reward (weight 1) trains
             "max_steps": self.max_steps,
             "logging_steps": self.logging_steps,
-            "save_strategy": "no",
-            "report_to": [],
-            "seed": seed,
-            "use_cpu": True,
         }
-        return ESConfig(**(fields | overrides))
+        return demo_es_config(output_dir, seed, **(fields | overrides))
 
 
 TOOLS_DEMO = ToolsDemoSettings()
