@@ -61,3 +61,22 @@ def test_an_extractor_that_cannot_be_imported_is_refused_before_training(tmp_pat
 def test_bad_ks_are_refused_with_an_example(tmp_path, ks):
     with pytest.raises(ValueError, match=r"eval_ks must be a non-empty list of integers >= 1 \(e.g. \[1, 4, 16\]\)"):
         fast_es_config(tmp_path, eval_ks=ks)
+
+
+def test_every_evaluation_of_a_run_samples_and_resets_environments_with_the_same_seed(tmp_path):
+    """Checkpoints are compared on the same episodes: an evaluation at a later step of unchanged weights samples the
+    same completions (common random numbers across evaluations)."""
+    recorded = []
+
+    def record(completions: list, **kwargs) -> list[float]:
+        recorded.append(list(completions))
+        return [0.0] * len(completions)
+
+    args = fast_es_config(tmp_path, temperature=1.0, per_device_eval_batch_size=8, max_completion_length=8)
+    data = {"train_dataset": arithmetic_dataset("train", 16), "eval_dataset": arithmetic_dataset("test", 8)}
+    trainer = ESTrainer(model=str(DEMO_MODEL), reward_funcs=record, args=args, **data)
+    trainer.evaluate()
+    trainer.state.global_step = 7
+    trainer.evaluate()
+    assert len(recorded) == 2 and recorded[0] == recorded[1]
+    assert len(set(recorded[0])) > 1  # sampled, not greedy

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from ..trainer.es_trainer import ESTrainer
 
 TOOLS_MODEL = Path(__file__).parent / "tools_model"
+# ESConfig.seed of every demo run: the prices drawn when the held-out episodes are reset (the same before and after
+# training, and for every training seed).
+EPISODE_SEED = 0
 
 
 def turns(completions, **kwargs) -> list[float]:
@@ -56,7 +59,9 @@ class ToolsDemoSettings:
 
     def es_config(self, output_dir: str, seed: int = 0, **overrides) -> ESConfig:
         """The ESConfig of these settings (`demo_es_config`: greedy, on CPU, no checkpoints); `overrides` are further
-        ESConfig fields."""
+        ESConfig fields. `seed` sets the members' noise (`noise_seed`) and the order of the training questions
+        (`data_seed`); ESConfig's own `seed`, which seeds the evaluation's environments, stays `EPISODE_SEED`, so
+        every run is measured on the same held-out episodes."""
         fields = {
             "population_size": self.population_size,
             "sigma": self.sigma,
@@ -69,7 +74,8 @@ class ToolsDemoSettings:
             "max_steps": self.max_steps,
             "logging_steps": self.logging_steps,
         }
-        return demo_es_config(output_dir, seed, **(fields | overrides))
+        fields |= {"noise_seed": seed, "data_seed": seed}
+        return demo_es_config(output_dir, EPISODE_SEED, **(fields | overrides))
 
 
 TOOLS_DEMO = ToolsDemoSettings()

@@ -21,7 +21,9 @@ from .step_logging import log_completion_lengths, log_rewards, log_tool_calls, m
 def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
     """Generate the centre's completions of one eval batch (its whole rollouts, with agents) and log GRPO's eval
     metrics for them."""
-    seed = sampling_seed(trainer.args.seed, f"eval-{trainer.state.global_step}")
+    # One seed for every evaluation of the run: each checkpoint samples, and resets its environments, as the others
+    # did, so evaluations compare the weights on the same episodes (common random numbers across checkpoints).
+    seed = sampling_seed(trainer.args.seed, "eval")
     if trainer.agents.active:
         generated = trainer.agents.generate(trainer, [None], [0], inputs, seed, PhaseTimer())
         completions = generated.completions[0]
