@@ -32,6 +32,7 @@ TESTS = Path(__file__).resolve().parent
 VLLM_ENGINE_MODULES = (
     "sequential/test_sequential_trainer.py",
     "backends/test_vllm_colocate.py",
+    "backends/test_vllm_compensated_master.py",
     "integration/test_vllm_grpo_coverage.py",
     "backends/test_vllm_lora.py",
     "evolm/test_vllm_phase_datasets.py",
