@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 ES_VARIANT ?= sigma0.04
 STAMP := $(VENV)/.trl-es-installed
 
-.PHONY: install demo evolm-demo bench gpu-wheels lab lab-seconds rubric-lab ablation test test-fast lint docs docs-check clean
+.PHONY: install demo tools-demo evolm-demo bench gpu-wheels lab lab-seconds rubric-lab ablation test test-fast lint docs docs-check clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/trl-es demo
+
+# The agent demo: ES on the embedded tool-calling model through the lookup environment's reward; episodes before/after.
+tools-demo: $(STAMP)
+	$(VENV)/bin/trl-es demo --task tools
 
 # EVOLM on the embedded joint model and its null control, without answers; the verifier measures before and after.
 evolm-demo: $(STAMP)
@@ -83,6 +87,7 @@ docs: $(STAMP)
 	$(PY) -m experiments.rubric_lab --report
 	$(PY) -m experiments.rubric_lab --report --output_dir docs/rubric_lab_methods
 	$(PY) -m experiments.es_ablation --report
+	$(PY) -m experiments.tools_demo --report
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The built site in headless Chromium (Debian: apt-get install -y chromium): screenshots in docs/screenshots/, checked.

@@ -29,7 +29,7 @@ log = logging.getLogger("mkdocs.plugins.trl_es_docs")
 ROOT = Path(__file__).resolve().parents[2]
 LAB_REPORTS = {
     name: ROOT / "docs" / name
-    for name in ("lab.md", "lab_seconds.md", "ablation.md", "rubric_lab.md", "rubric_lab_methods.md")
+    for name in ("lab.md", "lab_seconds.md", "ablation.md", "rubric_lab.md", "rubric_lab_methods.md", "tools_demo.md")
 }
 CLI_MARKER = "<!-- cli-reference -->"
 FENCE = re.compile(r"^(```|~~~)")
