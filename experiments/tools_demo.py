@@ -33,15 +33,9 @@ from experiments.harness import (
     spread,
     write_results,
 )
-from trl_es.demo.tools import MEASURED, TOOLS_DEMO, run_tools_demo
+from trl_es.demo.tools import LABELS, MEASURED, TOOLS_DEMO, run_tools_demo
 
 MODULE = "experiments.tools_demo"
-LABELS = {
-    "success": "success",
-    "tool calls": "tool calls per episode",
-    "failed calls": "failed calls per call",
-    "turns": "turns per episode",
-}
 
 
 class Job(NamedTuple):

@@ -87,6 +87,12 @@ MEASURED = {
     "failed calls": "eval_tools/failure_frequency",
     "turns": "eval_rewards/turns/mean",
 }
+LABELS = {
+    "success": "success",
+    "tool calls": "tool calls per episode",
+    "failed calls": "failed calls per call",
+    "turns": "turns per episode",
+}
 
 
 @dataclass
@@ -122,13 +128,7 @@ def held_out_episodes(trainer: ESTrainer) -> dict[str, float]:
 
 def format_episodes(before: dict[str, float], after: dict[str, float], num_held_out: int) -> str:
     rows = [f"{f'{num_held_out} held-out episodes':<26}{'before':>8}{'after':>8}{'change':>9}"]
-    labels = {
-        "success": "success",
-        "tool calls": "tool calls per episode",
-        "failed calls": "failed calls per call",
-        "turns": "turns per episode",
-    }
-    for name, label in labels.items():
+    for name, label in LABELS.items():
         rows.append(f"{label:<26}{before[name]:>8.3f}{after[name]:>8.3f}{after[name] - before[name]:>+9.3f}")
     return "\n".join(rows)
 
