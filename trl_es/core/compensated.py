@@ -107,14 +107,8 @@ class CompensatedMasterWeights(MasterWeights):
     def holds(self, name: str, parameter: torch.Tensor) -> bool:
         return name in self.shared and self.pairs[name][0].data_ptr() == parameter.data_ptr()
 
-    def _add_step(self, name: str, step: torch.Tensor, decay: float | None) -> None:
-        high, low = self.pairs[name]
-        value = join(high, low)
-        if decay is not None:
-            value.mul_(decay)
-        self._assign(name, value.add_(step))
-
-    def _assign(self, name: str, value: torch.Tensor) -> None:
+    def _written(self, name: str, value: torch.Tensor) -> None:
+        """`value` (the float32 value read from the pair, then updated or overwritten) goes back into the pair."""
         high, low = self.pairs[name]
         new_high, new_low = split(value)
         high.copy_(new_high)

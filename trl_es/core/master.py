@@ -93,23 +93,19 @@ class MasterWeights:
         for name, step in steps:
             master, step = self.tensors[name], step.mul_(lr)
             check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr, self.parameter_dtypes[name])
-            self._add_step(name, step, 1.0 - lr * weight_decay if weight_decay else None)
+            if weight_decay:
+                master.mul_(1.0 - lr * weight_decay)
+            master.add_(step)
+            self._written(name, master)
             squared_norms[name] = float(step.double().pow(2).sum())
         squared_norm = 0.0
         for name in names:  # in tensor order, however the directions came: the same float on any number of processes
             squared_norm += squared_norms[name]
         return math.sqrt(squared_norm)
 
-    def _add_step(self, name: str, step: torch.Tensor, decay: float | None) -> None:
-        """`master <- master * decay + step` for tensor `name` (no decay when None), in place."""
-        master = self.tensors[name]
-        if decay is not None:
-            master.mul_(decay)
-        master.add_(step)
-
-    def _assign(self, name: str, value: torch.Tensor) -> None:
-        """`master <- value` for tensor `name` (a float32 tensor of its shape, checked by the caller)."""
-        self.tensors[name].copy_(value)
+    def _written(self, name: str, value: torch.Tensor) -> None:
+        """Called after `value`, read as `self.tensors[name]`, was changed in place: here it is the master itself, so
+        nothing is left to do; a master that stores its tensors otherwise stores the new value."""
 
     def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
         """`||master - reference|| / ||reference||` over all tensors (0 when the reference is all zeros)."""
@@ -177,5 +173,6 @@ class MasterWeights:
                     "(and PEFT configuration) that wrote the checkpoint."
                 )
         check_finite_tensors(tensors, "The saved ES master tensors")
-        for name in self.tensors:
-            self._assign(name, tensors[name])
+        for name, master in self.tensors.items():
+            master.copy_(tensors[name])
+            self._written(name, master)
