@@ -50,13 +50,21 @@ def completion_example(tokenizer, prompt_ids: list[int], completion: str) -> tup
 
 def supervised_batch(examples: list[tuple[list[int], int]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-padded inputs with labels on the completion tokens only (after each example's prompt)."""
+    return masked_batch(
+        [(ids, [0] * prompt_length + [1] * (len(ids) - prompt_length)) for ids, prompt_length in examples],
+        pad_token_id,
+    )
+
+
+def masked_batch(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded inputs with labels where each example's loss mask (one 0/1 per token) is 1."""
     length = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), length), pad_token_id)
     labels = torch.full((len(examples), length), -100)
     attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
-    for row, (ids, prompt_length) in enumerate(examples):
+    for row, (ids, mask) in enumerate(examples):
         input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])  # learn the answer only
+        labels[row, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), -100)
         attention_mask[row, : len(ids)] = 1
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 

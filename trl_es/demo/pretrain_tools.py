@@ -18,13 +18,12 @@ import argparse
 import random
 from pathlib import Path
 
-import torch
 from transformers.utils import get_json_schema
 
 from ..agents.environments import environment_tools
 from ..tasks.lookup import ANSWERED, ITEMS, MAX_PRICE, MIN_PRICE, LookupEnvironment, question
 from ..testing import build_tiny_qwen2, build_tool_tokenizer
-from .pretrain import save_model_and_tokenizer, train_supervised
+from .pretrain import masked_batch, save_model_and_tokenizer, train_supervised
 
 # The careless solver's habits: the chance that it answers a guess instead of looking up, by question template,
 # and the chance that a lookup names the question's other item.
@@ -97,19 +96,6 @@ def training_examples(tokenizer, size: int, seed: int) -> list[tuple[list[int], 
     examples = [training_example(tokenizer, transcript(index), tools) for index in range(size)]
     random.Random(seed).shuffle(examples)
     return examples
-
-
-def masked_batch(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded inputs with labels where the loss mask is 1."""
-    length = max(len(ids) for ids, _ in examples)
-    input_ids = torch.full((len(examples), length), pad_token_id)
-    labels = torch.full((len(examples), length), -100)
-    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
-    for row, (ids, mask) in enumerate(examples):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), -100)
-        attention_mask[row, : len(ids)] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
 def pretrain_tools(
