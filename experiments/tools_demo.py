@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--num_held_out", type=int, default=TOOLS_DEMO.num_held_out, help="Held-out questions (default %(default)s)."
     )
-    parser.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)  # resolve_work_dir reads it
+    parser.set_defaults(quick=False)  # no quick variant: resolve_work_dir names the work folder by it
     args = parser.parse_args(argv)
     if args.report:
         return rewrite_report(args, write_report)
