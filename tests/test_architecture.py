@@ -402,9 +402,11 @@ def test_every_backend_implements_the_population_backend_protocol():
     from trl_es.backends.vllm_colocate import VLLMColocateBackend
     from trl_es.backends.vllm_lora import VLLMLoRAPopulationBackend
     from trl_es.backends.vllm_server import VLLMServerBackend
+    from trl_es.backends.vllm_server_pool import VLLMServerPool
 
+    backends = (HFBackend, HFLowRankBackend, VLLMColocateBackend, VLLMLoRAPopulationBackend, VLLMServerBackend)
     methods = [name for name in dir(PopulationBackend) if not name.startswith("_")]
     assert set(methods) >= {"generate", "generate_center", "after_update", "check_consistency"}
-    for backend in (HFBackend, HFLowRankBackend, VLLMColocateBackend, VLLMLoRAPopulationBackend, VLLMServerBackend):
+    for backend in (*backends, VLLMServerPool):
         missing = [name for name in methods if name != "master" and not callable(getattr(backend, name, None))]
         assert not missing, (backend.__name__, missing)

@@ -7,11 +7,14 @@ Used by tests/integration/test_multi_process.py and tests/integration/test_multi
 Each process gets B / P prompts from the dataloader, so every run sees B prompts per step. With --corrupt_rank R, that
 rank's master is nudged after the first step, which the rank agreement check must catch. With --es_optimizer, each
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`); --save_steps writes
-checkpoints, and --resume_from continues one.
+checkpoints, and --resume_from continues one. With --vllm_servers URLS the members generate in `trl-es vllm-serve`
+servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes); --kill_server_group G
+makes the last rank SIGKILL process group G during step 1 (after its generation, before its update).
 """
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -21,6 +24,20 @@ from transformers import TrainerCallback
 
 from trl_es import ESTrainer
 from trl_es.testing import digit_fraction, digit_prompts
+
+
+def killing_reward(trainer_box: list, process_group: int):
+    """`digit_fraction`, except that the last rank kills `process_group` at its first call of step 1."""
+    done = []
+
+    def reward(completions, trainer_state, **kwargs):
+        accelerator = trainer_box[0].accelerator
+        if trainer_state.global_step == 1 and not done and accelerator.process_index == accelerator.num_processes - 1:
+            done.append(True)
+            os.killpg(process_group, signal.SIGKILL)
+        return digit_fraction(completions)
+
+    return reward
 
 
 class CorruptRank(TrainerCallback):
@@ -42,20 +59,35 @@ def main():
     parser.add_argument("--es_optimizer", default="sgd")
     parser.add_argument("--save_steps", type=int, default=None)
     parser.add_argument("--resume_from", default=None)
+    parser.add_argument("--vllm_servers", default=None, help="Generate in these trl-es vllm-serve servers.")
+    parser.add_argument("--secret_file", default=None, help="The servers' control secret.")
+    parser.add_argument("--kill_server_group", type=int, default=None)
     cli = parser.parse_args()
+    if cli.vllm_servers:
+        server = dict(
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=cli.vllm_servers,
+            vllm_server_secret_file=cli.secret_file,
+            max_completion_length=8,
+        )
+    else:
+        server = dict(use_vllm=cli.use_vllm, vllm_mode="colocate")
 
     processes = int(os.environ.get("WORLD_SIZE", 1))  # read before the config creates the distributed state
     args = fast_es_config(
         cli.output_dir,
         per_device_train_batch_size=cli.prompts_per_step // processes,
         max_steps=3,
-        use_vllm=cli.use_vllm,
-        vllm_mode="colocate",
+        **server,
         es_optimizer=cli.es_optimizer,
         **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
         **MOVING,
     )
-    trainer = ESTrainer(model=cli.model, reward_funcs=digit_fraction, args=args, train_dataset=digit_prompts(16))
+    trainer_box = []
+    reward = digit_fraction if cli.kill_server_group is None else killing_reward(trainer_box, cli.kill_server_group)
+    trainer = ESTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=digit_prompts(16))
+    trainer_box.append(trainer)
     if cli.corrupt_rank is not None:
         trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))
     trainer.train(resume_from_checkpoint=cli.resume_from)

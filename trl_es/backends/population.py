@@ -7,6 +7,8 @@ perturbed) and the backend that generates with its members.
 | vLLM, `colocate`         | `VLLMColocateBackend`: weights written   | `VLLMLoRAPopulationBackend`: LoRA adapters   |
 | vLLM, `server`           | `VLLMServerBackend`: seeds over HTTP     | refused                                      |
 
+A process that drives several servers spreads its members over them (`VLLMServerPool`).
+
 Wherever members are not written into the trainer's model, the model only ever holds the centre, so its float32
 parameters are their own master (no second float32 copy of the model).
 """
@@ -166,7 +168,9 @@ def _colocate_backend(llm, master, model, lowrank: bool):
 
 
 def _server_backend(args, master, parameters, resumed_from):
+    from .server_urls import servers_of_process
     from .vllm_server import VLLMServerBackend
+    from .vllm_server_pool import VLLMServerPool
 
     dtypes = {param.dtype for param in parameters.values()}
     if len(dtypes) > 1:
@@ -174,8 +178,12 @@ def _server_backend(args, master, parameters, resumed_from):
             f"vllm_mode='server' needs the evolving parameters in one dtype, got {sorted(map(str, dtypes))}. Load "
             "the model in a single dtype (`model_init_kwargs={'dtype': ...}`, `cast_lm_head_to_fp32=False`)."
         )
-    backend = VLLMServerBackend(
-        args.vllm_server_url, master, timeout=args.vllm_server_timeout, secret_file=args.vllm_server_secret_file
-    )
-    backend.start_run(parameter_dtype=str(dtypes.pop()).removeprefix("torch."), checkpoint=resumed_from)
-    return backend
+    parameter_dtype = str(dtypes.pop()).removeprefix("torch.")
+    servers = []
+    for url in servers_of_process(args.vllm_server_urls, args.process_index, args.world_size):
+        server = VLLMServerBackend(
+            url, master, timeout=args.vllm_server_timeout, secret_file=args.vllm_server_secret_file
+        )
+        server.start_run(parameter_dtype=parameter_dtype, checkpoint=resumed_from)
+        servers.append(server)
+    return servers[0] if len(servers) == 1 else VLLMServerPool(servers)

@@ -13,6 +13,7 @@ import math
 import warnings
 from collections.abc import Callable
 
+from ..backends.server_urls import check_server_urls
 from ..core.direction_optimizer import DirectionOptimizerSettings
 from ..core.distributed import check_population_divides
 from ..core.fitness import FITNESS_SHAPINGS
@@ -286,16 +287,13 @@ def _check_backend(config) -> None:
                 "set lowrank_other_parameters='frozen' (embeddings, lm_head, norms and biases then stay fixed), or "
                 "generate with model.generate (use_vllm=False), where every parameter evolves."
             )
-    elif config.world_size > 1:
-        raise NotImplementedError(
-            "vllm_mode='server' runs with a single training process for now; launch one process, or use "
-            "vllm_mode='colocate'."
-        )
     elif config.perturbation == "lowrank":
         raise NotImplementedError(
             "perturbation='lowrank' with vllm_mode='server' is not supported yet: the server's worker draws full-rank "
             "noise. Use vllm_mode='colocate' (each member a LoRA adapter) or model.generate (use_vllm=False)."
         )
+    else:
+        check_server_urls(config.vllm_server_urls, config.world_size)
 
 
 def _warn_about_grpo_only_fields(config) -> None:

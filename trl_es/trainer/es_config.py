@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..backends.server_urls import server_urls
 from ..compat.trl import one_completion_per_prompt_accepted
 from ..core.direction_optimizer import ES_OPTIMIZERS
 from ..core.fitness import FITNESS_SHAPINGS
@@ -129,11 +130,17 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
             raise if not. The check hashes the master (server) or sums the engine's weights (colocate); raise it on
             large models if that shows in `step_time`. 0 disables it.
+        vllm_server_base_url (`str`, *optional*):
+            With `vllm_mode="server"`: the `trl-es vllm-serve` server, e.g. `"http://10.0.0.1:8000"`, or several
+            separated by commas. Each training process drives its own share of them, in order (with 4 servers and 2
+            processes, process 0 the first two), and spreads its members over its share; a run ends with the same
+            weights whatever the number of servers. Unset: `http://{vllm_server_host}:{vllm_server_port}`.
         vllm_server_secret_file (`str`, *optional*):
             With `vllm_mode="server"`: the file holding the control secret of the `trl-es vllm-serve` server (it
             prints where it wrote it; mode 0600, yours). Defaults to `$TRL_ES_SERVER_SECRET` if set, else the file
-            the server writes for its port, `~/.cache/trl-es/vllm-server-<port>.secret`. The secret itself never goes
-            in the config (configs are logged and saved).
+            the server writes for its port, `~/.cache/trl-es/vllm-server-<port>.secret`. With several servers, they
+            share the file given here (start each with `--secret_file` naming it). The secret itself never goes in
+            the config (configs are logged and saved).
 
         > The Hub
 
@@ -298,6 +305,14 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             "engine or server) agrees with the master, and fail loudly if not. 0 disables the check."
         },
     )
+    vllm_server_base_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "vllm_mode='server': base URL of the trl-es vllm-serve server (e.g. 'http://localhost:8000'), "
+            "or several separated by commas, shared out between the training processes. If provided, "
+            "vllm_server_host and vllm_server_port are ignored."
+        },
+    )
     vllm_server_secret_file: str | None = field(
         default=None,
         metadata={
@@ -423,9 +438,10 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
         return self.population_batch_size or self.population_size // max(self.world_size, 1)
 
     @property
-    def vllm_server_url(self) -> str:
-        """The `trl-es vllm-serve` server of `vllm_mode="server"`: `vllm_server_base_url`, else host and port."""
-        return self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}"
+    def vllm_server_urls(self) -> list[str]:
+        """The `trl-es vllm-serve` servers of `vllm_mode="server"`: those `vllm_server_base_url` lists, else host and
+        port."""
+        return server_urls(self.vllm_server_base_url, self.vllm_server_host, self.vllm_server_port)
 
     def answer_extractor(self):
         """The function `eval_answer_extractor` names (completion text -> answer), or None."""
