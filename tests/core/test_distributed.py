@@ -7,7 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_es.core.distributed import check_population_divides, master_fingerprint, members_of_this_process
+from trl_es.core.distributed import (
+    Evaluators,
+    check_population_divides,
+    master_fingerprint,
+    members_of_this_process,
+)
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import population
 
@@ -41,3 +46,18 @@ def test_population_must_divide_among_processes():
         ValueError, match=r"population_size \(30\) must be a multiple of the number of processes \(4\)"
     ):
         check_population_divides(30, 4)
+
+
+def test_processes_sharing_a_tensor_parallel_engine_evaluate_the_same_members_and_count_once():
+    members = population(0, step=0, population_size=6)
+    groups = [Evaluators(process, num_processes=4, group_size=2) for process in range(4)]
+    assert [evaluators.members(members) for evaluators in groups] == [members[0::2]] * 2 + [members[1::2]] * 2
+    per_process = torch.tensor([[10, 11, 12], [10, 11, 12], [20, 21, 22], [20, 21, 22]])  # one row per process
+    assert groups[3].per_evaluator(per_process).tolist() == [[10, 11, 12], [20, 21, 22]]
+    assert [groups[0].first_process(evaluator) for evaluator in range(2)] == [0, 2]
+
+
+def test_population_must_divide_among_tensor_parallel_engines():
+    check_population_divides(6, 4, group_size=2)  # 2 engines of 2 processes, 3 members each
+    with pytest.raises(ValueError, match=r"tensor-parallel engines \(4 processes / 2 per engine = 2\).*Use 4 or 6"):
+        check_population_divides(5, 4, group_size=2)

@@ -3,6 +3,7 @@ when they resume from a checkpoint."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,23 +21,70 @@ def needs_vllm():
         pytest.skip("vLLM is not installed")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["transformers", "vllm_colocate"])
-def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, backend):
-    flags = []
-    if backend == "vllm_colocate":
-        needs_vllm()
-        flags = ["--use_vllm"]  # one engine per process
-    one = launch(1, tiny_model_path, tmp_path / "one", *flags)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = launch(2, tiny_model_path, tmp_path / "two", *flags)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert (tmp_path / "two" / "num_processes").read_text() == "2"
-    for file in ("master.safetensors", "final.safetensors"):
-        single, double = load_file(tmp_path / "one" / file), load_file(tmp_path / "two" / file)
+@pytest.fixture(scope="module")
+def one_process_runs(tiny_model_path, tmp_path_factory):
+    """`(backend, *flags)` -> the folder of a 1-process run with them (run once, the first time a test asks)."""
+    folders = {}
+
+    def run(backend: str, *flags) -> Path:
+        key = (backend, *flags)
+        if key not in folders:
+            folder = tmp_path_factory.mktemp(f"one-{backend}")
+            one = launch(1, tiny_model_path, folder, *BACKEND_FLAGS[backend], *flags)
+            assert one.returncode == 0, one.stderr[-3000:]
+            folders[key] = folder
+        return folders[key]
+
+    return run
+
+
+BACKEND_FLAGS = {"transformers": [], "vllm_colocate": ["--use_vllm"]}  # vLLM: one engine per process
+
+
+def assert_same_run(one: Path, other: Path, files=("master.safetensors", "final.safetensors")):
+    for file in files:
+        single, double = load_file(one / file), load_file(other / file)
         assert single.keys() == double.keys()
         assert all(torch.equal(single[k], double[k]) for k in single), file
-    assert torch.load(tmp_path / "one" / "rewards.pt") == torch.load(tmp_path / "two" / "rewards.pt")
+    assert torch.load(one / "rewards.pt") == torch.load(other / "rewards.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["transformers", "vllm_colocate"])
+def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, backend, one_process_runs):
+    if backend == "vllm_colocate":
+        needs_vllm()
+    two = launch(2, tiny_model_path, tmp_path / "two", *BACKEND_FLAGS[backend])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert (tmp_path / "two" / "num_processes").read_text() == "2"
+    assert_same_run(one_process_runs(backend), tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_and_end_bitwise_as_one_process(
+    tmp_path, tiny_model_path, one_process_runs
+):
+    """vllm_tensor_parallel_size=2 on a bf16 model: the two processes are one evaluator (they load the same members
+    into the engine they share, each writing whole tensors that vLLM shards; the tiny model has fewer KV heads than
+    ranks, so the shards also hold replicated parts), each keeps about half of the float32 master, and a checkpoint
+    gathers it whole: the run and its resume end bitwise as one process with its own engine."""
+    needs_vllm()
+    bf16 = ["--dtype", "bfloat16"]
+    flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2, *bf16]
+    shared = launch(2, tiny_model_path, tmp_path, *flags)
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    one = one_process_runs("vllm_colocate", *bf16)
+    assert_same_run(one, tmp_path)
+    total = sum(tensor.numel() for tensor in load_file(one / "master.safetensors").values())
+    held = [int((tmp_path / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)]
+    assert sum(held) == total and max(held) < 0.6 * total, (held, total)
+
+    saved = load_file(tmp_path / "checkpoint-2" / "es_state" / "master.safetensors")  # the bf16 weights' masters
+    assert sum(tensor.numel() for tensor in saved.values()) == total
+    shutil.rmtree(tmp_path / "checkpoint-3")
+    resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(one, tmp_path, files=("master.safetensors",))
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 
 from trl_es import ESTrainer
 from trl_es.testing import digit_fraction, digit_prompts
+from trl_es.trainer.vllm_engine import release_vllm_engine
 
 
 def killing_reward(trainer_box: list, process_group: int):
@@ -56,7 +57,9 @@ def main():
     parser.add_argument("--prompts_per_step", type=int, default=8)
     parser.add_argument("--corrupt_rank", type=int, default=None)
     parser.add_argument("--use_vllm", action="store_true", help="Generate with one colocated vLLM engine per process.")
+    parser.add_argument("--tensor_parallel_size", type=int, default=1, help="With --use_vllm: processes per engine.")
     parser.add_argument("--es_optimizer", default="sgd")
+    parser.add_argument("--dtype", default="float32", help="The model's dtype (bfloat16: a float32 master beside it).")
     parser.add_argument("--save_steps", type=int, default=None)
     parser.add_argument("--resume_from", default=None)
     parser.add_argument("--vllm_servers", default=None, help="Generate in these trl-es vllm-serve servers.")
@@ -72,7 +75,7 @@ def main():
             max_completion_length=8,
         )
     else:
-        server = dict(use_vllm=cli.use_vllm, vllm_mode="colocate")
+        server = dict(use_vllm=cli.use_vllm, vllm_mode="colocate", vllm_tensor_parallel_size=cli.tensor_parallel_size)
 
     processes = int(os.environ.get("WORLD_SIZE", 1))  # read before the config creates the distributed state
     args = fast_es_config(
@@ -81,6 +84,7 @@ def main():
         max_steps=3,
         **server,
         es_optimizer=cli.es_optimizer,
+        model_init_kwargs={"dtype": cli.dtype},
         **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
         **MOVING,
     )
@@ -94,14 +98,19 @@ def main():
     rank = trainer.accelerator.process_index
     held = sum(tensor.numel() for tensor in trainer.population.master.optimizer.state_dict().values())
     Path(cli.output_dir, f"optimizer_elements_rank{rank}").write_text(str(held))
+    held = sum(tensor.numel() for tensor in trainer.population.master.tensors.values())
+    Path(cli.output_dir, f"master_elements_rank{rank}").write_text(str(held))
+    # Collective: the processes of a tensor-parallel engine each hold a share of the master.
+    master = trainer.population.master.full_state_dict(keep=trainer.accelerator.is_main_process)
     if trainer.accelerator.is_main_process:
         weights = {name: p.detach().contiguous() for name, p in trainer.model.named_parameters()}
         save_file(weights, f"{cli.output_dir}/final.safetensors")
-        master = {name: t.contiguous() for name, t in trainer.population.master.tensors.items()}
-        save_file(master, f"{cli.output_dir}/master.safetensors")
+        save_file({name: t.contiguous() for name, t in master.items()}, f"{cli.output_dir}/master.safetensors")
         torch.save([h.get("reward") for h in trainer.state.log_history], f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
-    # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts.
+    # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts. A
+    # colocated engine goes first (torn down later, it would destroy its groups after the default one is gone).
+    release_vllm_engine(trainer)
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
 

@@ -165,3 +165,15 @@ def test_a_run_with_environments_resumes_bitwise(tool_model_path, make_config, t
     resumed = train(tmp_path / "b", resume=str(tmp_path / "b" / "checkpoint-1"))
     assert uninterrupted.keys() == resumed.keys()
     assert all(torch.equal(uninterrupted[name], resumed[name]) for name in uninterrupted)
+
+
+def test_agents_on_a_tensor_parallel_engine_are_refused_naming_the_alternatives():
+    """Every process of a tensor-parallel engine generates its members' turns, so each would run every tool call."""
+    from types import SimpleNamespace
+
+    from trl_es.trainer.agent_rollouts import AgentRollouts
+
+    settings = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2, perturbation="full")
+    with pytest.raises(NotImplementedError, match="vllm_tensor_parallel_size=2 yet.*vllm_mode='server'"):
+        AgentRollouts(None, DiceGame, None).check_settings(settings)
+    AgentRollouts(None, None, None).check_settings(settings)  # no agents: nothing to refuse

@@ -212,8 +212,14 @@ def test_hub_push_logs_is_off_by_default_with_help():
     assert "hub_push_logs (`bool`, *optional*, defaults to `False`)" in ESConfig.__doc__
 
 
-def test_a_tensor_parallel_colocated_engine_is_refused_until_its_group_acts_as_one_member(tmp_path):
-    # The processes of a TP group share one engine; each would write its own member into it (measured on vLLM-CPU).
-    with pytest.raises(NotImplementedError, match="vllm_tensor_parallel_size=2 with vllm_mode='colocate'.*Use vllm_"):
+def test_a_tensor_parallel_colocated_engine_needs_whole_groups_of_processes_and_full_rank_members(tmp_path):
+    """vllm_tensor_parallel_size processes share an engine: a launch must give every engine its whole group."""
+    with pytest.raises(ValueError, match=r"vllm_tensor_parallel_size=2 must divide the number of processes \(1\)"):
         ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2)
+    with pytest.raises(NotImplementedError, match="perturbation='lowrank' with vllm_tensor_parallel_size=2"):
+        ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2,
+                 perturbation="lowrank", lowrank_other_parameters="frozen")  # fmt: skip
+    for unsplit in (dict(es_optimizer="adam"), dict(master_dtype="compensated_bfloat16")):
+        with pytest.raises(NotImplementedError, match="splits the float32 master between the engine's processes"):
+            ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2, **unsplit)
     assert ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate").vllm_tensor_parallel_size == 1

@@ -26,6 +26,7 @@ from ..core.compensated import CompensatedMasterWeights
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
+from ..core.sharded_master import EngineShards, ShardedMasterWeights
 from ..core.update_shards import UpdateShards
 from .base import PopulationBackend
 from .hf import HFBackend, TokenIds
@@ -53,10 +54,10 @@ class Population:
         update_norm = self.master.apply_update(
             coefficients, lr=lr, weight_decay=weight_decay, shards=self.update_shards
         )
-        for name in self.master.tensors:
+        for name, centre in self.master.centre():  # from each tensor's owner where the master is split
             parameter = self.parameters[name]
             if not self.master.holds(name, parameter):  # a parameter may be (part of) the master itself
-                parameter.copy_(self.master.tensors[name])
+                parameter.copy_(centre)
         self.backend.after_update(coefficients, lr=lr, weight_decay=weight_decay)
         return update_norm
 
@@ -85,6 +86,7 @@ def build_population(
     llm=None,
     resumed=None,
     update_shards: UpdateShards | None = None,
+    engine_group=None,
 ) -> Population:
     """The master of `model`'s evolving parameters (`requires_grad=True`) and the backend `args` asks for.
 
@@ -97,6 +99,8 @@ def build_population(
             masters of the parameters whose model dtype rounds them, the `es_optimizer` state, and the checkpoint's
             path (a vLLM server reads it too).
         update_shards ([`UpdateShards`], *optional*): With several processes, how they share computing the update.
+        engine_group (`torch.distributed.ProcessGroup`, *optional*): The processes that share a tensor-parallel
+            colocated engine.
     """
     parameters = evolving_parameters(model)
     vllm_mode = args.vllm_mode if args.use_vllm else None
@@ -112,6 +116,9 @@ def build_population(
         master = LowRankMasterWeights.from_model(
             model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share
         )
+    elif engine_group is not None:  # a tensor-parallel engine's processes each keep their share of the master
+        shapes = {name: param.shape for name, param in parameters.items()}
+        master = ShardedMasterWeights(parameters, args.sigma, EngineShards(engine_group, shapes), share_float32=share)
     elif args.master_dtype == "compensated_bfloat16":
         master = CompensatedMasterWeights(parameters, args.sigma, share_bfloat16=share)
     else:
@@ -129,7 +136,7 @@ def build_population(
     elif vllm_mode is None:
         backend = HFBackend(model, parameters, master, tokens, args.pad_to_multiple_of)
     elif vllm_mode == "colocate":
-        backend = _colocate_backend(llm, master, model, lowrank)
+        backend = _colocate_backend(llm, master, model, lowrank, engine_group)
     else:
         backend = _server_backend(args, master, parameters, resumed.checkpoint if resumed is not None else None)
     backend.check_consistency(step=0)
@@ -154,16 +161,16 @@ def evolving_parameters(model) -> dict[str, torch.nn.Parameter]:
     return parameters
 
 
-def _colocate_backend(llm, master, model, lowrank: bool):
+def _colocate_backend(llm, master, model, lowrank: bool, engine_group=None):
     from .vllm_colocate import VLLMColocateBackend
     from .vllm_lora import VLLMLoRAPopulationBackend
 
     if lowrank:
         backend = VLLMLoRAPopulationBackend(llm, master, tempfile.mkdtemp(prefix="trl-es-lora-"), model)
     else:
-        backend = VLLMColocateBackend(llm, master, model)
+        backend = VLLMColocateBackend(llm, master, model, engine_group)
     # The engine loaded the checkpoint from disk; the run starts from the trainer's weights.
-    backend.load_weights(model.named_parameters())
+    backend.load_weights(model.named_parameters(), centre=True)
     return backend
 
 

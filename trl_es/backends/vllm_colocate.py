@@ -1,8 +1,9 @@
 """vLLM colocate backend: members are written into the in-process engine through vLLM's own `load_weights`.
 
-`load_weights` takes Hugging Face names and handles vLLM's fused (qkv, gate_up) layouts, so the master never needs to
-know the engine's layout. One engine per process: a tensor-parallel engine shared by several processes is refused in
-`ESConfig` (each process would write its own member into it).
+`load_weights` takes Hugging Face names and handles vLLM's fused (qkv, gate_up) layouts and tensor-parallel shards,
+so the master never needs to know the engine's layout. A tensor-parallel engine is shared by a group of processes
+that evaluate the same members (`trl_es.core.distributed.Evaluators`): each writes the member's whole tensors, and
+vLLM keeps its rank's shard of each.
 
 A member must never reuse KV blocks that the prefix cache computed with other weights. Instead of resetting the cache
 after every weight change (a walk over every block: about 1 ms per member for a 1 GiB cache), every load gets a fresh
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 import torch
 
 from ..compat.vllm import engine_model
-from ..core.consistency import layout_free_stats, stats_agree
+from ..core.consistency import engine_fingerprint, layout_free_stats, stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
@@ -34,30 +35,37 @@ class VLLMColocateBackend(OneMemberAtATime):
         master ([`MasterWeights`]): The float32 source of truth.
         reference_model (`torch.nn.Module`, *optional*): The trainer's model (holding the centre), which
             `check_consistency` compares with the engine.
+        engine_group (`torch.distributed.ProcessGroup`, *optional*): The processes that share a tensor-parallel
+            engine; each holds a shard of it, and they load the same members together.
     """
 
-    def __init__(self, llm, master: MasterWeights, reference_model: torch.nn.Module | None = None):
+    def __init__(self, llm, master: MasterWeights, reference_model: torch.nn.Module | None = None, engine_group=None):
         self.llm = llm
         self.master = master
         self.reference_model = reference_model
+        self.engine_group = engine_group
+        self._loaded_centre: dict[str, object] = {}  # with engine_group: the shards' fingerprints at the centre
         self.engine_model = engine_model(llm)
         self.dtype = next(self.engine_model.parameters()).dtype
         self.weights_tag = uuid.uuid4().hex  # changes with every load: the prefix cache salt
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], centre: bool = False) -> None:
         """Write Hugging Face-named tensors (any dtype) into the engine, and drop the KV blocks cached under the
         weights it held: this backend's requests carry the new `weights_tag` as their cache salt, but a user's
         rollout function generating through the engine sends none (issue 28: it read the previous member's blocks).
-        Nothing cached under other weights could be used anyway."""
+        Nothing cached under other weights could be used anyway. `centre`: the tensors are the centre's, which a
+        tensor-parallel engine's check compares with later."""
         self.engine_model.load_weights((name, tensor.to(self.dtype)) for name, tensor in named_tensors)
         self.weights_tag = uuid.uuid4().hex
         self.llm.reset_prefix_cache()
+        if centre and self.engine_group is not None:
+            self._loaded_centre = engine_fingerprint(self.engine_model.named_parameters())
 
     def load_member(self, member: Member) -> None:
         self.load_weights(self.master.perturbed(member))
 
     def load_center(self) -> None:
-        self.load_weights(self.master.tensors.items())
+        self.load_weights(self.master.centre(), centre=True)
 
     def generate_center(self, prompt_ids, sampling, seed):
         """Completions with the weights the engine holds (the centre, between calls)."""
@@ -79,7 +87,11 @@ class VLLMColocateBackend(OneMemberAtATime):
         self.load_center()  # the trainer's master is this engine's master
 
     def check_consistency(self, step: int) -> None:
-        """Fail loudly if the engine does not hold the trainer's model's weights (the centre), compared layout-free."""
+        """Fail loudly if the engine does not hold the trainer's model's weights (the centre), compared layout-free;
+        a tensor-parallel engine, if any rank's shards changed since the centre was last loaded."""
+        if self.engine_group is not None:
+            self._check_shards_unchanged(step)
+            return
         if self.reference_model is None:
             return
         engine = layout_free_stats(p for _, p in self.engine_model.named_parameters())
@@ -89,4 +101,23 @@ class VLLMColocateBackend(OneMemberAtATime):
                 f"At step {step} the vLLM engine's weights disagree with the trainer's (sum, sum of squares: engine "
                 f"{engine}, trainer {expected}). Generation no longer uses the weights being trained; please report "
                 "this with your vLLM version and model."
+            )
+
+    def _check_shards_unchanged(self, step: int) -> None:
+        """The layout-free sums do not add up over tensor-parallel shards (a model with fewer KV heads than ranks
+        holds them on every rank), so each rank compares its shards with their fingerprint taken when the centre was
+        last loaded through vLLM's `load_weights`; every rank of the group raises together."""
+        changed = [
+            name
+            for name, value in engine_fingerprint(self.engine_model.named_parameters()).items()
+            if self._loaded_centre.get(name) != value
+        ]
+        per_rank = [None] * torch.distributed.get_world_size(self.engine_group)
+        torch.distributed.all_gather_object(per_rank, changed, group=self.engine_group)
+        if any(per_rank):
+            rank, names = next((rank, names) for rank, names in enumerate(per_rank) if names)
+            raise RuntimeError(
+                f"At step {step} the tensor-parallel vLLM engine's shards changed since the centre was loaded (rank "
+                f"{rank} of the engine: {names[:3]}): something other than ESTrainer wrote into the engine, and "
+                "generation no longer uses the weights being trained."
             )

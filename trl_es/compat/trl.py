@@ -239,3 +239,12 @@ def colocated_engine(trainer):
     """The `vllm.LLM` that TRL's `VLLMGeneration` built for `trainer` in colocate mode, or None (no vLLM, server mode,
     or released)."""
     return getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+
+
+def colocated_engine_group(trainer):
+    """The process group of the tensor-parallel colocated engine TRL built for `trainer` (its `tp_group`, the
+    processes that share the engine), or None with one process per engine."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None or getattr(generation, "tensor_parallel_size", 1) == 1:
+        return None
+    return generation.tp_group

@@ -5,9 +5,15 @@ process `r` evaluates member `j * P + r`. Because every process runs the same nu
 score a round (TRL's reward gather) line up, and each round's gathered rewards are exactly the rewards of members
 `jP .. jP + P - 1` in order. Every process then applies the same update from (seeds, coefficients), summed in member
 order, so the weights do not depend on the number of processes (`update_shards.py` shares computing that update).
+
+Processes that share one tensor-parallel engine form one evaluator ([`Evaluators`]): they load the same member and
+generate the same completions together, so with E evaluators member `j * E + e` is round `j` of evaluator `e`, and
+of each group's gathered values only its first process's are kept.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
@@ -32,23 +38,78 @@ def every_process_value(accelerator: Accelerator, value: int) -> list[int]:
     return accelerator.gather(torch.tensor([value], device=accelerator.device)).tolist()
 
 
-def gather_members(accelerator: Accelerator, local: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class Evaluators:
+    """Who evaluates which member: the `num_processes` processes in groups of `group_size` consecutive ones that
+    share one engine (a tensor-parallel vLLM engine; 1 otherwise), each group one evaluator. In round `j`, evaluator
+    `e` evaluates member `j * count + e`.
+
+    Args:
+        process_index (`int`): This process.
+        num_processes (`int`): All processes, P.
+        group_size (`int`, *optional*, defaults to `1`): Processes per evaluator; divides P.
+    """
+
+    process_index: int
+    num_processes: int
+    group_size: int = 1
+
+    @classmethod
+    def of(cls, accelerator: Accelerator, group_size: int = 1) -> Evaluators:
+        return cls(accelerator.process_index, accelerator.num_processes, group_size)
+
+    @property
+    def count(self) -> int:
+        """The number of evaluators, E."""
+        return self.num_processes // self.group_size
+
+    @property
+    def index(self) -> int:
+        """This process's evaluator."""
+        return self.process_index // self.group_size
+
+    def members(self, members: list[Member]) -> list[Member]:
+        """This process's evaluator's members, one per round: `members[round * E + index]`."""
+        return members[self.index :: self.count]
+
+    def first_process(self, evaluator: int) -> int:
+        """The first process of `evaluator`'s group, whose gathered values stand for the group's."""
+        return evaluator * self.group_size
+
+    def per_evaluator(self, per_process: torch.Tensor) -> torch.Tensor:
+        """Of values gathered process-major (`(P, ...)`), those of each evaluator's first process (`(E, ...)`): the
+        processes of a group hold the same values."""
+        return per_process[:: self.group_size]
+
+
+def gather_members(
+    accelerator: Accelerator, local: torch.Tensor, evaluators: Evaluators | None = None
+) -> torch.Tensor:
     """This process's per-member values (`local`: one row per round) gathered into the whole population's, in member
-    order (member `j * P + r` is process `r`'s round `j`)."""
+    order (member `j * E + e` is evaluator `e`'s round `j`; without `evaluators`, each process is one)."""
     if accelerator.num_processes == 1:
         return local
+    evaluators = evaluators or Evaluators.of(accelerator)
     gathered = accelerator.gather(local.to(accelerator.device)).cpu()  # process-major: (P x rounds, ...)
-    processes, rounds = accelerator.num_processes, local.shape[0]
-    return gathered.view(processes, rounds, *local.shape[1:]).transpose(0, 1).reshape(-1, *local.shape[1:])
+    rounds = local.shape[0]
+    per_process = gathered.view(accelerator.num_processes, rounds, *local.shape[1:])
+    return evaluators.per_evaluator(per_process).transpose(0, 1).reshape(-1, *local.shape[1:])
 
 
-def check_population_divides(population_size: int, num_processes: int) -> None:
-    if population_size % num_processes:
-        lower = population_size - population_size % num_processes
+def check_population_divides(population_size: int, num_processes: int, group_size: int = 1) -> None:
+    """Every evaluator (a process, or `group_size` processes sharing an engine) gets as many members."""
+    evaluators = num_processes // group_size
+    if population_size % evaluators:
+        lower = population_size - population_size % evaluators
+        who = (
+            f"the number of processes ({num_processes})"
+            if group_size == 1
+            else f"the number of tensor-parallel engines ({num_processes} processes / {group_size} per engine = "
+            f"{evaluators})"
+        )
         raise ValueError(
-            f"population_size ({population_size}) must be a multiple of the number of processes ({num_processes}), "
-            f"so that every process evaluates the same number of members. Use {lower or num_processes} or "
-            f"{lower + num_processes}."
+            f"population_size ({population_size}) must be a multiple of {who}, so that every one evaluates the same "
+            f"number of members. Use {lower or evaluators} or {lower + evaluators}."
         )
 
 
@@ -90,13 +151,17 @@ def master_fingerprint(master: MasterWeights) -> list[int]:
 
 
 def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int) -> None:
-    """Fail loudly if the processes' masters are not bitwise identical."""
+    """Fail loudly if the processes' masters are not bitwise identical (each tensor compared between the processes
+    that hold it: all of them, or its owners where a master is split over an engine's processes)."""
     if accelerator.num_processes == 1:
         return
-    fingerprints = gather_object([master_fingerprint(master)])
-    if any(fingerprint != fingerprints[0] for fingerprint in fingerprints):
-        names = list(master.tensors)
-        differing = [names[i] for i, sums in enumerate(zip(*fingerprints, strict=True)) if len(set(sums)) > 1]
+    per_process = gather_object([dict(zip(master.tensors, master_fingerprint(master), strict=True))])
+    values: dict[str, set[int]] = {}
+    for fingerprints in per_process:
+        for name, value in fingerprints.items():
+            values.setdefault(name, set()).add(value)
+    differing = [name for name, seen in values.items() if len(seen) > 1]
+    if differing:
         raise RuntimeError(
             f"At step {step} the processes' ES masters disagree ({len(differing)} tensors differ between ranks, "
             f"first {differing[:3]}). Every process must apply the same update; check that all of them run the same "

@@ -47,9 +47,18 @@ class MasterWeights:
     def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, master + sign * sigma * eps)` one tensor at a time (float32), so the noise of a whole model
         is never held at once."""
-        for name, master in self.tensors.items():
-            noise = parameter_noise(member.seed, name, master.shape, master.device)
-            yield name, noise.mul_(member.sign * self.sigma).add_(master)
+        for name in self.tensors:
+            yield name, self.perturbed_tensor(name, member)
+
+    def perturbed_tensor(self, name: str, member: Member) -> torch.Tensor:
+        """`master + sign * sigma * eps` of tensor `name` (float32)."""
+        master = self.tensors[name]
+        noise = parameter_noise(member.seed, name, master.shape, master.device)
+        return noise.mul_(member.sign * self.sigma).add_(master)
+
+    def centre(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield `(name, master)` for every tensor: the centre, as a backend writes it."""
+        yield from self.tensors.items()
 
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
@@ -79,6 +88,16 @@ class MasterWeights:
         Raises `NonFiniteError` instead of writing a non-finite value: coefficients, `lr` and the decay factor are
         checked before any tensor changes, and each tensor's step before it is added, against float32 and the range
         of the parameter's own dtype (an overflow found there leaves the tensors before it updated, all finite)."""
+        squared_norms = self._apply_steps(coefficients, lr, weight_decay, shards)
+        squared_norm = 0.0
+        for name in self.updated_names():  # in tensor order, however the steps came: the same float on any process
+            squared_norm += squared_norms[name]
+        return math.sqrt(squared_norm)
+
+    def _apply_steps(
+        self, coefficients: dict[int, float], lr: float, weight_decay: float, shards: UpdateShards | None
+    ) -> dict[str, float]:
+        """Apply the update to the tensors this master holds; returns each one's squared step norm."""
         check_update_settings(coefficients, lr, weight_decay)
         names = self.updated_names()
         self.optimizer.begin_update()
@@ -98,10 +117,7 @@ class MasterWeights:
             master.add_(step)
             self._written(name, master)
             squared_norms[name] = float(step.double().pow(2).sum())
-        squared_norm = 0.0
-        for name in names:  # in tensor order, however the directions came: the same float on any number of processes
-            squared_norm += squared_norms[name]
-        return math.sqrt(squared_norm)
+        return squared_norms
 
     def _written(self, name: str, value: torch.Tensor) -> None:
         """Called after `value`, read as `self.tensors[name]`, was changed in place: here it is the master itself, so
@@ -150,10 +166,15 @@ class MasterWeights:
     def holds(self, name: str, parameter: torch.Tensor) -> bool:
         """Whether `parameter` is (part of) the master's own storage of tensor `name`, which updates change in
         place: nothing needs to be copied into it."""
-        return parameter.data_ptr() == self.tensors[name].data_ptr()
+        return name in self.tensors and parameter.data_ptr() == self.tensors[name].data_ptr()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.tensors
+
+    def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """Every tensor of the master, as a checkpoint saves it (collective where the master is split over processes;
+        `keep=False`: a process that saves nothing takes part without keeping the tensors)."""
+        return self.tensors if keep else {}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         missing = sorted(set(self.tensors) - set(tensors))

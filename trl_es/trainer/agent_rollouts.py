@@ -68,7 +68,15 @@ class AgentRollouts:
 
     def check_settings(self, args) -> None:
         """A rollout function with GRPO's signature generates with the weights the trainer writes into its model or
-        its colocated engine: refuse the settings where members' weights are written nowhere it generates."""
+        its colocated engine: refuse the settings where members' weights are written nowhere it generates. Refuse
+        agents on a tensor-parallel engine, whose processes would each run every episode's tools."""
+        if self.active and args.use_vllm and args.vllm_mode == "colocate" and args.vllm_tensor_parallel_size > 1:
+            raise NotImplementedError(
+                f"tools, environment_factory and rollout_func are not supported with vllm_tensor_parallel_size="
+                f"{args.vllm_tensor_parallel_size} yet: the processes that share the engine generate each member's "
+                "turns together, and each would call the tools and step the environments of every episode. Use "
+                "vllm_tensor_parallel_size=1, or vllm_mode='server' with a tensor-parallel `trl-es vllm-serve`."
+            )
         if self.rollout_func is None or takes_member(self.rollout_func):
             return
         where = "low-rank members (hooks or LoRA adapters)" if args.perturbation == "lowrank" else None

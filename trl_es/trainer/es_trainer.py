@@ -26,11 +26,18 @@ from ..backends.hf import TokenIds
 from ..backends.population import Population, build_population, engine_setup, evolving_parameters
 from ..backends.sampling import SamplingSettings
 from ..compat.transformers import TrainerHooks
-from ..compat.trl import TrainerTags, colocated_engine, completion_table, grpo_init_sees_defaults, logged_metrics
+from ..compat.trl import (
+    TrainerTags,
+    colocated_engine,
+    colocated_engine_group,
+    completion_table,
+    grpo_init_sees_defaults,
+    logged_metrics,
+)
 from ..core.distributed import (
+    Evaluators,
     check_ranks_agree,
     gather_members,
-    members_of_this_process,
     whole_batch,
 )
 from ..core.fitness import (
@@ -49,7 +56,7 @@ from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
 from . import evaluation, hub, kl_probe, resume, step_logging
 from .agent_rollouts import AgentRollouts
-from .config_checks import check_again_at_train
+from .config_checks import check_again_at_train, engine_group_size
 from .divergence import (
     StepCounters,
     degenerate_steps_warning,
@@ -242,6 +249,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 llm=colocated_engine(self),
                 resumed=resumed,
                 update_shards=self._update_shards(),
+                engine_group=colocated_engine_group(self),
             )
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
@@ -249,10 +257,17 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 self._kl_probe = kl_probe.sample_trainer_probe(self, resumed)
         return self._population
 
+    @property
+    def evaluators(self) -> Evaluators:
+        """Who evaluates which member: each process, or each group of processes that share a tensor-parallel
+        engine."""
+        return Evaluators.of(self.accelerator, engine_group_size(self.args))
+
     def _update_shards(self) -> UpdateShards | None:
         """How the processes share computing the update, or None to compute all of it on each."""
         processes = self.accelerator.num_processes
-        if processes == 1 or not self.args.shard_update:
+        # A tensor-parallel engine's processes split the master itself: each owner updates its own tensors.
+        if processes == 1 or not self.args.shard_update or engine_group_size(self.args) > 1:
             return None
         return UpdateShards(self.accelerator.process_index, processes)
 
@@ -304,8 +319,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 prompts,
                 scores.completions,
                 self.reward_func_names,
-                self.accelerator.process_index,
-                self.accelerator.num_processes,
+                self.evaluators,
             )
         completion_rewards = weighted_rewards(scores.rewards_per_func, self.reward_weights)  # (members, completions)
         objective = objective_rewards(
@@ -340,7 +354,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
 
         self._log_step(scores, completion_rewards, fitness, update_norm, timer, generated, js_diversity)
         step_logging.log_best_member(
-            completion_table(self), self.accelerator, self.reward_func_names, prompts, scores, shaped
+            completion_table(self), self.accelerator, self.evaluators, self.reward_func_names, prompts, scores, shaped
         )
         return fitness
 
@@ -359,7 +373,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         A plain step generates every member in one backend call; with agents (`tools`, `environment_factory`,
         `rollout_func`) members run their rollouts group by group, each group scored before its environments are
         reused. With `mask_truncated_completions`, a completion that ended without EOS scores nothing."""
-        local = members_of_this_process(self.accelerator, members)
+        local = self.evaluators.members(members)
         self._unscored.clear()  # None and NaN rewards of this step, counted by the checked reward functions
         if not self.agents.active:
             prompts = [example["prompt"] for example in inputs]
@@ -380,7 +394,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             generated = MemberCompletions.joined([rollouts for rollouts, _ in parts])
             scores = MemberScores.joined([part for _, part in parts])
         if self.args.mask_truncated_completions:
-            truncated = gather_members(self.accelerator, truncation_mask(generated.completion_ids, self.tokens))
+            truncation = truncation_mask(generated.completion_ids, self.tokens)
+            truncated = gather_members(self.accelerator, truncation, self.evaluators)
             scores.rewards_per_func[truncated] = float("nan")  # no fitness contribution, as no loss in GRPO
             scores.truncated = truncated
         return generated, scores
@@ -512,12 +527,17 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         checkpoint with a Trainer state always has its ES state."""
         if self._population is None:
             return
-        # Every process takes part: with shard_update each holds the es_optimizer state of the tensors it owns.
-        optimizer_state = self._population.master.optimizer_state(self._population.update_shards)
+        # Every process takes part: with shard_update each holds the es_optimizer state of the tensors it owns, and
+        # the processes of a tensor-parallel engine each hold a share of the master.
+        master = self._population.master
+        optimizer_state = master.optimizer_state(self._population.update_shards)
+        master_state = master.full_state_dict(keep=self.args.should_save)
         if self.args.should_save:
             metadata = resume.run_metadata(self.state.global_step, self._counters, self.reward_func_names, self.args)
             metadata |= self._noise_scale.state()
-            resume.save_run_state(output_dir, self._population, self._reference, metadata, optimizer_state)
+            resume.save_run_state(
+                output_dir, self._population, master_state, self._reference, metadata, optimizer_state
+            )
 
     def load_extra_state(self, checkpoint: str) -> None:
         resumed = resume.ResumedRun.load(checkpoint, self._evolving_parameters(), self.args, self.reward_func_names)

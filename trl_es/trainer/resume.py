@@ -57,14 +57,19 @@ def resume_checkpoint(resume_from_checkpoint: str | os.PathLike | bool | None, o
 
 
 def save_run_state(
-    output_dir: str, population, reference: StartingWeights | None, metadata: dict, optimizer_state: dict
+    output_dir: str,
+    population,
+    master_state: dict,
+    reference: StartingWeights | None,
+    metadata: dict,
+    optimizer_state: dict,
 ) -> None:
-    """Write a checkpoint's `es_state/`: the float32 master of the parameters the model rounds, the starting weights,
-    the whole `es_optimizer` state (`MasterWeights.optimizer_state`, gathered when sharded) and `metadata` (see
-    `run_metadata`)."""
+    """Write a checkpoint's `es_state/`: the float32 master of the parameters the model rounds (`master_state`, the
+    whole master: `MasterWeights.full_state_dict`), the starting weights, the whole `es_optimizer` state
+    (`MasterWeights.optimizer_state`, gathered when sharded) and `metadata` (see `run_metadata`)."""
     save_es_state(
         output_dir,
-        master=population.master.state_dict(),
+        master=master_state,
         parameter_dtypes={name: param.dtype for name, param in population.parameters.items()},
         reference=reference,
         metadata={**metadata, **population.master.optimizer.metadata()},

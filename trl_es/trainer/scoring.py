@@ -91,7 +91,7 @@ def score_members(trainer, inputs: list[dict], generated: MemberCompletions) -> 
     unless it has its own, and its environments (if any) are what reward functions receive as `environments`. What
     the functions `log_metric` is averaged over the step into the trainer's train metrics."""
     rounds, completions, columns, logged = [], [], [], defaultdict(list)
-    processes = trainer.accelerator.num_processes
+    processes, evaluators = trainer.accelerator.num_processes, trainer.evaluators
     for m, member_ids in enumerate(generated.completion_ids):
         prompts, prompt_ids = generated.prompts[m], generated.prompt_ids[m]
         member_completions = (
@@ -103,7 +103,8 @@ def score_members(trainer, inputs: list[dict], generated: MemberCompletions) -> 
         if generated.environments is not None:
             set_reward_environments(trainer, generated.environments[m])
         rewards = calculate_rewards(trainer, member_inputs, prompts, member_completions, member_ids)
-        rounds.append(rewards.view(processes, len(prompts), -1))  # (P x rows, funcs) -> (P, rows, funcs)
+        # (P x rows, funcs) -> (P, rows, funcs) -> (E, rows, funcs): the processes of an evaluator scored alike
+        rounds.append(evaluators.per_evaluator(rewards.view(processes, len(prompts), -1)))
         metrics, extra_columns = take_reward_logs(trainer)
         for name, values in metrics.items():
             logged[name] += values

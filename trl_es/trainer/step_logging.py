@@ -9,7 +9,7 @@ import torch
 from trl.trainer.utils import nanstd
 
 from ..backends.base import PhaseTimer
-from ..core.distributed import from_process
+from ..core.distributed import Evaluators, from_process
 from .divergence import StepCounters
 from .rollouts import completion_metrics
 from .scoring import MemberCompletions, MemberScores
@@ -103,14 +103,20 @@ def log_tool_calls(accelerator, metrics: dict[str, list], generated: MemberCompl
 
 
 def log_best_member(
-    table: dict, accelerator, reward_names: list[str], prompts: list, scores: MemberScores, shaped: torch.Tensor
+    table: dict,
+    accelerator,
+    evaluators: Evaluators,
+    reward_names: list[str],
+    prompts: list,
+    scores: MemberScores,
+    shaped: torch.Tensor,
 ) -> None:
     """Fill GRPO's completion table (`log_completions`) with the step's best member (every process holds the same
     values); its "advantage" column holds that member's shaped fitness."""
     best = int(torch.argmax(shaped))
-    local, owner = divmod(best, accelerator.num_processes)
+    local, evaluator = divmod(best, evaluators.count)
     own = (scores.completions[local], scores.extra_columns[local])
-    best_completions, best_columns = from_process(accelerator, own, owner)
+    best_completions, best_columns = from_process(accelerator, own, evaluators.first_process(evaluator))
     table["prompt"].extend(prompts)
     table["completion"].extend(best_completions)
     for index, name in enumerate(reward_names):

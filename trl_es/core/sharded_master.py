@@ -1,0 +1,123 @@
+"""The master split over the processes that share one tensor-parallel engine (issue 29).
+
+The k processes of a tensor-parallel vLLM engine evaluate the same members together, so each needs every member's
+tensors, but none needs the whole float32 master: each tensor's master lives on one owner of the group (dealt by size
+as `UpdateShards` deals them), which computes its member values and its updates and broadcasts them to the group. A
+process then holds about 1/k of the master; members and updates are bitwise those of an unsplit master.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from .guards import NonFiniteError
+from .master import MasterWeights
+from .noise import Member
+from .update_shards import UpdateShards
+
+
+class EngineShards:
+    """Which process of an engine's group owns each tensor's master, and the group's collectives.
+
+    Args:
+        group (`torch.distributed.ProcessGroup`): The processes that share the engine.
+        shapes (`dict[str, torch.Size]`): Every tensor of the master, in model order.
+    """
+
+    def __init__(self, group, shapes: dict[str, torch.Size]):
+        self.group = group
+        self.ranks = torch.distributed.get_process_group_ranks(group)  # global ranks, in group order
+        self.rank = torch.distributed.get_rank(group)
+        by_size = sorted(shapes, key=lambda name: shapes[name].numel())  # UpdateShards' rounds: owner k, k-th of each
+        self.owner = {name: index % len(self.ranks) for index, name in enumerate(by_size)}
+
+    def owns(self, name: str) -> bool:
+        return self.owner[name] == self.rank
+
+    def from_owner(self, name: str, value: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+        """Tensor `name` as its owner holds it (`value` there), on every process of the group (float32, shaped and
+        placed like `like`)."""
+        tensor = value if self.owns(name) else torch.empty(like.shape, dtype=torch.float32, device=like.device)
+        torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
+        return tensor
+
+    def all_gather(self, value) -> list:
+        """Every process's `value`, in group order."""
+        gathered = [None] * len(self.ranks)
+        torch.distributed.all_gather_object(gathered, value, group=self.group)
+        return gathered
+
+
+class ShardedMasterWeights(MasterWeights):
+    """A [`MasterWeights`] that holds the tensors this process owns in its engine's group; the others are read
+    from their owners when a member or the centre is written. Every method that reads a tensor this process does not
+    own is collective over the group: the group calls it together, in the same order.
+
+    Args:
+        parameters (`dict[str, torch.Tensor]`): The evolving parameters by name (the model's, holding the centre).
+        sigma (`float`): Noise scale of the members.
+        shards ([`EngineShards`]): Who owns which tensor.
+        share_float32 (`bool`, *optional*, defaults to `False`): As in [`MasterWeights`], for the owned tensors.
+    """
+
+    def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, shards: EngineShards, share_float32=False):
+        owned = {name: param for name, param in parameters.items() if shards.owns(name)}
+        super().__init__(owned, sigma, share_float32=share_float32)
+        self.shards = shards
+        self.parameters = parameters
+        self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
+
+    def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of `member` (collective): each computed by its owner."""
+        for name, parameter in self.parameters.items():
+            value = self.perturbed_tensor(name, member) if self.shards.owns(name) else None
+            yield name, self.shards.from_owner(name, value, parameter)
+
+    def centre(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the master (collective)."""
+        for name, parameter in self.parameters.items():
+            yield name, self.shards.from_owner(name, self.tensors.get(name), parameter)
+
+    def apply_update(self, coefficients, lr, weight_decay=0.0, shards: UpdateShards | None = None) -> float:
+        """Each owner updates its tensors (`shards` is not used: the group's owners share the work already); the norm
+        of the whole step sums the owners' parts in tensor order, as one process would. A non-finite step found by
+        one owner stops every process of the group."""
+        try:
+            squared_norms, error = self._apply_steps(coefficients, lr, weight_decay, None), None
+        except NonFiniteError as raised:
+            squared_norms, error = {}, str(raised)
+        parts = self.shards.all_gather((squared_norms, error))
+        errors = [error for _, error in parts if error is not None]
+        if errors:
+            raise NonFiniteError(errors[0])
+        merged = {name: value for part, _ in parts for name, value in part.items()}
+        squared_norm = 0.0
+        for name in self.parameters:
+            squared_norm += merged[name]
+        return math.sqrt(squared_norm)
+
+    def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """Every tensor, from its owner (collective); `keep=False` drops each after its broadcast."""
+        state = {}
+        for name, value in self.centre():
+            if keep:
+                state[name] = value if self.shards.owns(name) else value.clone()
+        return state
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load the owned tensors from `tensors` (a whole master, or any part holding them)."""
+        super().load_state_dict({name: tensor for name, tensor in tensors.items() if name in self.tensors})
+
+    def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
+        """As [`MasterWeights.relative_distance`], reading the tensors other processes own from the model's
+        parameters (the centre, in the model's dtype): no collective, as only the logging process calls it."""
+        diff, base = 0.0, 0.0
+        for name, parameter in self.parameters.items():
+            value = self.tensors[name] if name in self.tensors else parameter.detach().float()
+            ref = reference[name].to(device=value.device, dtype=torch.float32)
+            diff += float((value - ref).double().pow(2).sum())
+            base += float(ref.double().pow(2).sum())
+        return math.sqrt(diff / base) if base > 0 else 0.0
