@@ -2,11 +2,9 @@
 it: each holds about 1/k of the master, and members, centre, updates and the checkpointed master are bitwise those of
 one unsplit master."""
 
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from scripts.gloo_processes import run_on_processes
 
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
@@ -23,33 +21,17 @@ def _parameters() -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=generator).bfloat16() for name, shape in SHAPES.items()}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, lr: float, results) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _worker(rank: int, world: int, lr: float, results) -> None:
+    parameters = _parameters()
+    shards = EngineShards(dist.group.WORLD, {name: p.shape for name, p in parameters.items()})
+    master = ShardedMasterWeights(parameters, sigma=0.1, shards=shards)
+    member = {name: tensor.clone() for name, tensor in master.perturbed(MEMBER)}
     try:
-        parameters = _parameters()
-        shards = EngineShards(dist.group.WORLD, {name: p.shape for name, p in parameters.items()})
-        master = ShardedMasterWeights(parameters, sigma=0.1, shards=shards)
-        member = {name: tensor.clone() for name, tensor in master.perturbed(MEMBER)}
-        try:
-            norm, error = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01), None
-        except NonFiniteError as caught:
-            norm, error = None, str(caught)
-        whole = master.full_state_dict(keep=rank == 0)
-        results[rank] = dict(owned=dict(master.tensors), member=member, norm=norm, error=error, whole=whole)
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_processes(world: int, lr: float) -> dict:
-    results = mp.Manager().dict()
-    mp.start_processes(_worker, args=(world, _free_port(), lr, results), nprocs=world, start_method="spawn")
-    return dict(results)
+        norm, error = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01), None
+    except NonFiniteError as caught:
+        norm, error = None, str(caught)
+    whole = master.full_state_dict(keep=rank == 0)
+    results[rank] = dict(owned=dict(master.tensors), member=member, norm=norm, error=error, whole=whole)
 
 
 def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master():
@@ -57,7 +39,7 @@ def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master():
     expected_member = dict(alone.perturbed(MEMBER))
     expected_norm = alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
 
-    results = _run_processes(2, lr=1e-2)
+    results = run_on_processes(_worker, 2, 1e-2)
 
     owned = [set(results[rank]["owned"]) for rank in (0, 1)]
     assert owned[0] | owned[1] == set(SHAPES) and not owned[0] & owned[1]  # each tensor's master on one process
@@ -71,7 +53,7 @@ def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master():
 
 
 def test_a_non_finite_step_found_by_one_owner_stops_every_process():
-    results = _run_processes(2, lr=1e38)  # finite in float32, but its steps overflow
+    results = run_on_processes(_worker, 2, 1e38)  # finite in float32, but its steps overflow
 
     errors = [results[rank]["error"] for rank in (0, 1)]
     assert errors[0] is not None and errors[0] == errors[1] and "non-finite" in errors[0]

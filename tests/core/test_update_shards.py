@@ -1,13 +1,11 @@
 """`UpdateShards` on real processes (gloo over 127.0.0.1): the shared update is bitwise the one-process update,
 and each process draws only its share of the noise."""
 
-import socket
 from collections import Counter
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from scripts.gloo_processes import run_on_processes
 
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
@@ -40,30 +38,14 @@ class _CountingMaster(MasterWeights):
         return super().update_direction(name, coefficients)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, lr: float, results) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _worker(rank: int, world: int, lr: float, results) -> None:
+    master = _CountingMaster(_master().tensors, sigma=0.1)
     try:
-        master = _CountingMaster(_master().tensors, sigma=0.1)
-        try:
-            norm = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01, shards=UpdateShards(rank, world))
-            error = None
-        except NonFiniteError as caught:
-            norm, error = None, str(caught)
-        results[rank] = (master.tensors, norm, dict(master.computed), error)
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_processes(world: int, lr: float) -> dict:
-    results = mp.Manager().dict()
-    mp.start_processes(_worker, args=(world, _free_port(), lr, results), nprocs=world, start_method="spawn")
-    return dict(results)
+        norm = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01, shards=UpdateShards(rank, world))
+        error = None
+    except NonFiniteError as caught:
+        norm, error = None, str(caught)
+    results[rank] = (master.tensors, norm, dict(master.computed), error)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -71,7 +53,7 @@ def test_shared_update_is_bitwise_the_single_process_update(world):
     alone = _master()
     expected_norm = alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
 
-    results = _run_processes(world, lr=1e-2)
+    results = run_on_processes(_worker, world, 1e-2)
 
     drawn = Counter()
     for rank in range(world):
@@ -86,7 +68,7 @@ def test_shared_update_is_bitwise_the_single_process_update(world):
 
 
 def test_an_overflowing_shared_step_stops_every_process_with_the_same_error():
-    results = _run_processes(2, lr=1e38)  # finite in float32, but its steps overflow every tensor
+    results = run_on_processes(_worker, 2, 1e38)  # finite in float32, but its steps overflow every tensor
 
     errors = [results[rank][3] for rank in range(2)]
     assert errors[0] is not None and errors[0] == errors[1]

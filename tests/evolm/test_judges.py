@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 import torch
+from scripts.ports import free_port
 from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
@@ -310,12 +310,6 @@ def test_openai_judge_times_out_a_slow_server(stub, make_judge):
     judge = make_judge(stub.url, model="stub-judge", timeout=0.1, retries=1)
     assert score_all(judge, [ITEM]) == [None]
     assert "did not answer within timeout=0.1 s" in judge.last_error
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_probing_a_server_that_is_not_running_names_the_url_and_the_command(make_judge):

@@ -3,7 +3,6 @@
 TCP (gloo ranks: tests/scripts/train_population.py sets `use_cpu=True`), ends bitwise equal to one process."""
 
 import runpy
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from scripts.paths import ACCELERATE_CONFIGS, SCRIPTS
+from scripts.ports import free_port
 
 SCRIPT = SCRIPTS / "train_population.py"
 MULTI_NODE = ACCELERATE_CONFIGS / "multi_node.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch_machines(model: str, output_dir: Path, processes_per_machine: int) -> list[subprocess.CompletedProcess]:

@@ -3,7 +3,6 @@ tests/backends/test_vllm_server.py and tests/backends/test_vllm_server_pool.py).
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,12 +10,7 @@ from pathlib import Path
 
 import pytest
 import requests
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from scripts.ports import free_port
 
 
 def wait_healthy(process, port: int, log_path):
