@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from scripts.gloo_processes import run_on_processes
 
+from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import Member
@@ -21,35 +22,58 @@ def _parameters() -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=generator).bfloat16() for name, shape in SHAPES.items()}
 
 
+def _master(master_class=MasterWeights, **kwargs) -> MasterWeights:
+    master = master_class(_parameters(), sigma=0.1, **kwargs)
+    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"))
+    return master
+
+
 def _worker(rank: int, world: int, lr: float, results) -> None:
-    parameters = _parameters()
-    shards = EngineShards(dist.group.WORLD, {name: p.shape for name, p in parameters.items()})
-    master = ShardedMasterWeights(parameters, sigma=0.1, shards=shards)
+    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
+    master = _master(ShardedMasterWeights, shards=shards)
     member = {name: tensor.clone() for name, tensor in master.perturbed(MEMBER)}
     try:
         norm, error = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01), None
+        master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01)
     except NonFiniteError as caught:
         norm, error = None, str(caught)
-    whole = master.full_state_dict(keep=rank == 0)
-    results[rank] = dict(owned=dict(master.tensors), member=member, norm=norm, error=error, whole=whole)
+    result = dict(owned=dict(master.tensors), member=member, norm=norm, error=error)
+    if error is None:
+        saved = master.full_state_dict(keep=rank == 0)  # what a checkpoint writes, from the owners
+        optimizer = master.optimizer_state()
+        resumed = _master(ShardedMasterWeights, shards=shards)
+        resumed.load_state_dict(master.full_state_dict())
+        resumed.restore_optimizer(optimizer, master.optimizer.metadata())
+        result |= dict(saved=saved, optimizer=optimizer, resumed=dict(resumed.tensors),
+                       resumed_optimizer=resumed.optimizer.state_dict())  # fmt: skip
+    results[rank] = result
 
 
-def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master():
-    alone = MasterWeights(_parameters(), sigma=0.1)
+def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master_and_resumes_from_its_checkpoint():
+    alone = _master()
     expected_member = dict(alone.perturbed(MEMBER))
     expected_norm = alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
 
     results = run_on_processes(_worker, 2, 1e-2)
 
     owned = [set(results[rank]["owned"]) for rank in (0, 1)]
     assert owned[0] | owned[1] == set(SHAPES) and not owned[0] & owned[1]  # each tensor's master on one process
+    state = alone.optimizer.state_dict()
     for rank in (0, 1):
-        assert results[rank]["error"] is None and results[rank]["norm"] == expected_norm
-        assert all(torch.equal(results[rank]["member"][n], expected_member[n]) for n in SHAPES)  # from the owners
-        assert all(torch.equal(t, alone.tensors[n]) for n, t in results[rank]["owned"].items())
-    whole = results[0]["whole"]
-    assert whole.keys() == alone.tensors.keys() and all(torch.equal(whole[n], alone.tensors[n]) for n in SHAPES)
-    assert results[1]["whole"] == {}  # a process that saves nothing keeps nothing
+        result = results[rank]
+        assert result["error"] is None and result["norm"] == expected_norm
+        assert all(torch.equal(result["member"][n], expected_member[n]) for n in SHAPES)  # from the owners
+        assert all(torch.equal(t, alone.tensors[n]) for n, t in result["owned"].items())
+        assert result["optimizer"].keys() == state.keys()  # the adam state of every tensor, from its owner
+        assert all(torch.equal(result["optimizer"][key], state[key]) for key in state)
+        assert all(torch.equal(t, alone.tensors[n]) for n, t in result["resumed"].items())
+        resumed_state = result["resumed_optimizer"]
+        assert {key.rsplit(".", 1)[0] for key in resumed_state} == owned[rank]  # each keeps its own tensors' state
+        assert all(torch.equal(resumed_state[key], state[key]) for key in resumed_state)
+    saved = results[0]["saved"]
+    assert saved.keys() == alone.tensors.keys() and all(torch.equal(saved[n], alone.tensors[n]) for n in SHAPES)
+    assert results[1]["saved"] == {}  # a process that saves nothing keeps nothing
 
 
 def test_a_non_finite_step_found_by_one_owner_stops_every_process():

@@ -67,13 +67,13 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_and_end
     """vllm_tensor_parallel_size=2 on a bf16 model: the two processes are one evaluator (they load the same members
     into the engine they share, each writing whole tensors that vLLM shards; the tiny model has fewer KV heads than
     ranks, so the shards also hold replicated parts), each keeps about half of the float32 master, and a checkpoint
-    gathers it whole: the run and its resume end bitwise as one process with its own engine."""
+    gathers it (and the adam state) whole: the run and its resume end bitwise as one process with its own engine."""
     needs_vllm()
-    bf16 = ["--dtype", "bfloat16"]
-    flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2, *bf16]
+    settings = ["--dtype", "bfloat16", "--es_optimizer", "adam"]  # adam: its state is split and gathered too
+    flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2, *settings]
     shared = launch(2, tiny_model_path, tmp_path, *flags)
     assert shared.returncode == 0, shared.stderr[-3000:]
-    one = one_process_runs("vllm_colocate", *bf16)
+    one = one_process_runs("vllm_colocate", *settings)
     assert_same_run(one, tmp_path)
     total = sum(tensor.numel() for tensor in load_file(one / "master.safetensors").values())
     held = [int((tmp_path / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)]
@@ -81,6 +81,8 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_and_end
 
     saved = load_file(tmp_path / "checkpoint-2" / "es_state" / "master.safetensors")  # the bf16 weights' masters
     assert sum(tensor.numel() for tensor in saved.values()) == total
+    adam = load_file(tmp_path / "checkpoint-2" / "es_state" / "optimizer.safetensors")
+    assert sum(tensor.numel() for tensor in adam.values()) == 2 * total  # both moments of every tensor
     shutil.rmtree(tmp_path / "checkpoint-3")
     resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .direction_optimizer import STATE_SUFFIXES
 from .guards import NonFiniteError
 from .master import MasterWeights
 from .noise import Member
@@ -98,6 +99,22 @@ class ShardedMasterWeights(MasterWeights):
         for name in self.parameters:
             squared_norm += merged[name]
         return math.sqrt(squared_norm)
+
+    def restore_optimizer(self, tensors: dict[str, torch.Tensor], metadata: dict, shards=None) -> None:
+        """Continue a checkpoint's `es_optimizer` state: each process keeps the state of the tensors it owns."""
+        owned = {key: tensor for key, tensor in tensors.items() if key.rsplit(".", 1)[0] in self.tensors}
+        super().restore_optimizer(owned, metadata, None)
+
+    def optimizer_state(self, shards=None) -> dict[str, torch.Tensor]:
+        """The whole `es_optimizer` state, each tensor's from its owner (collective)."""
+        suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
+        if not suffixes or self.optimizer.updates == 0:  # no state yet: it is created by the first update
+            return {}
+        state, gathered = self.optimizer.state_dict(), {}
+        for name, parameter in self.parameters.items():
+            for key in (f"{name}.{suffix}" for suffix in suffixes):
+                gathered[key] = self.shards.from_owner(name, state.get(key), parameter)
+        return gathered
 
     def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """Every tensor, from its owner (collective); `keep=False` drops each after its broadcast."""

@@ -285,13 +285,12 @@ def _check_backend(config) -> None:
                 "(the processes of an engine would each write their own adapter files). Use perturbation='full', or "
                 "vllm_tensor_parallel_size=1."
             )
-        # The processes of an engine split the float32 master between them; the other masters are not split yet.
-        if tensor_parallel > 1 and (config.es_optimizer != "sgd" or config.master_dtype != "float32"):
+        # The processes of an engine split the float32 master between them; the compensated one is not split yet.
+        if tensor_parallel > 1 and config.master_dtype != "float32":
             raise NotImplementedError(
                 f"vllm_tensor_parallel_size={tensor_parallel} splits the float32 master between the engine's "
-                f"processes, which is not supported yet with es_optimizer={config.es_optimizer!r} and master_dtype="
-                f"{config.master_dtype!r}: use es_optimizer='sgd' and master_dtype='float32', or "
-                "vllm_tensor_parallel_size=1."
+                f"processes, which master_dtype={config.master_dtype!r} does not support yet: use "
+                "master_dtype='float32', or vllm_tensor_parallel_size=1."
             )
         if tensor_parallel > 1 and config.world_size % tensor_parallel:
             raise ValueError(
