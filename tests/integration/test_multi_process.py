@@ -71,10 +71,13 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_and_end
     needs_vllm()
     settings = ["--dtype", "bfloat16", "--es_optimizer", "adam"]  # adam: its state is split and gathered too
     flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2, *settings]
-    shared = launch(2, tiny_model_path, tmp_path, *flags)
+    shared = launch(2, tiny_model_path, tmp_path, *flags, "--evaluate")
     assert shared.returncode == 0, shared.stderr[-3000:]
     one = one_process_runs("vllm_colocate", *settings)
     assert_same_run(one, tmp_path)
+    # Evaluation gives each process rows of its own: the engine generates everyone's, each keeps its own.
+    assert [(tmp_path / f"rank_rows_rank{rank}").read_text() for rank in (0, 1)] == ["True", "True"]
+    assert 0 <= json.loads((tmp_path / "eval.json").read_text())["eval_reward"] <= 1
     total = sum(tensor.numel() for tensor in load_file(one / "master.safetensors").values())
     held = [int((tmp_path / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert sum(held) == total and max(held) < 0.6 * total, (held, total)

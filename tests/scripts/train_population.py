@@ -13,6 +13,7 @@ makes the last rank SIGKILL process group G during step 1 (after its generation,
 """
 
 import argparse
+import json
 import os
 import signal
 from pathlib import Path
@@ -41,6 +42,22 @@ def killing_reward(trainer_box: list, process_group: int):
     return reward
 
 
+def evaluate(trainer, output_dir: str) -> None:
+    """`trainer.evaluate` on 8 held-out prompts (each process gets its share), and, where the processes share an
+    engine, whether each one's own rows generate as the same rows do among everyone's (rank_rows_rank<R>)."""
+    metrics = trainer.evaluate(eval_dataset=digit_prompts(8, offset=100))
+    rank = trainer.accelerator.process_index
+    if trainer.accelerator.is_main_process:
+        Path(output_dir, "eval.json").write_text(json.dumps(metrics))
+    backend, sampling = trainer.population.backend, trainer.sampling
+    everyone = [trainer.processing_class(f"Item {k}:")["input_ids"] for k in range(200, 204)]
+    seeds = list(range(7, 11))
+    together = backend.generate_loaded_rows(everyone, seeds, sampling)  # every process asks for the same rows
+    mine = slice(2 * rank, 2 * rank + 2)  # then each for two of its own
+    alone = backend.generate_loaded_rows(everyone[mine], seeds[mine], sampling)
+    Path(output_dir, f"rank_rows_rank{rank}").write_text(str(alone == together[mine]))
+
+
 class CorruptRank(TrainerCallback):
     def __init__(self, trainer, rank):
         self.trainer, self.rank = trainer, rank
@@ -65,6 +82,7 @@ def main():
     parser.add_argument("--vllm_servers", default=None, help="Generate in these trl-es vllm-serve servers.")
     parser.add_argument("--secret_file", default=None, help="The servers' control secret.")
     parser.add_argument("--kill_server_group", type=int, default=None)
+    parser.add_argument("--evaluate", action="store_true", help="Evaluate after training; write eval.json.")
     cli = parser.parse_args()
     if cli.vllm_servers:
         server = dict(
@@ -100,13 +118,16 @@ def main():
     Path(cli.output_dir, f"optimizer_elements_rank{rank}").write_text(str(held))
     held = sum(tensor.numel() for tensor in trainer.population.master.tensors.values())
     Path(cli.output_dir, f"master_elements_rank{rank}").write_text(str(held))
+    rewards = [entry.get("reward") for entry in trainer.state.log_history]  # training's, before any evaluation
+    if cli.evaluate:
+        evaluate(trainer, cli.output_dir)
     # Collective: the processes of a tensor-parallel engine each hold a share of the master.
     master = trainer.population.master.full_state_dict(keep=trainer.accelerator.is_main_process)
     if trainer.accelerator.is_main_process:
         weights = {name: p.detach().contiguous() for name, p in trainer.model.named_parameters()}
         save_file(weights, f"{cli.output_dir}/final.safetensors")
         save_file({name: t.contiguous() for name, t in master.items()}, f"{cli.output_dir}/master.safetensors")
-        torch.save([h.get("reward") for h in trainer.state.log_history], f"{cli.output_dir}/rewards.pt")
+        torch.save(rewards, f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
     # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts. A
     # colocated engine goes first (torn down later, it would destroy its groups after the default one is gone).

@@ -75,7 +75,26 @@ class VLLMColocateBackend(OneMemberAtATime):
         self, prompt_ids: list[list[int]], seeds: list[int | None], sampling: SamplingSettings
     ) -> list[list[int]]:
         """Completions with the weights the engine holds, row `i` sampled with `seeds[i]` (vLLM seeds each request's
-        own generator, so a row samples alike whatever else is in the batch)."""
+        own generator, so a row samples alike whatever else is in the batch).
+
+        The processes of a tensor-parallel engine generate together, so they must send it the same requests: in
+        training they ask for the same rows; where each asks for its own (evaluation shards its dataset), the engine
+        generates all of them and each process keeps its own."""
+        if self.engine_group is None:
+            return self._generate(prompt_ids, seeds, sampling)
+        per_rank = [None] * torch.distributed.get_world_size(self.engine_group)
+        torch.distributed.all_gather_object(per_rank, (prompt_ids, seeds), group=self.engine_group)
+        if all(rows == per_rank[0] for rows in per_rank):
+            return self._generate(prompt_ids, seeds, sampling)
+        completions = self._generate(
+            [ids for rank_ids, _ in per_rank for ids in rank_ids],
+            [seed for _, rank_seeds in per_rank for seed in rank_seeds],
+            sampling,
+        )
+        first = sum(len(rank_ids) for rank_ids, _ in per_rank[: torch.distributed.get_rank(self.engine_group)])
+        return completions[first : first + len(prompt_ids)]
+
+    def _generate(self, prompt_ids, seeds, sampling) -> list[list[int]]:
         from vllm import SamplingParams
 
         params = [SamplingParams(**sampling.vllm_row_params(seed)) for seed in seeds]
