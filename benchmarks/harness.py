@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -191,6 +192,13 @@ def run_worker(script: Path, spec: dict, label: str, environment: dict[str, str]
         raise RuntimeError(f"The {label} failed (exit {process.returncode}); its output is above.")
     line = next(line for line in reversed(process.stdout.splitlines()) if line.startswith(WORKER_PREFIX))
     return json.loads(line[len(WORKER_PREFIX) :])
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a server, or a process group's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def reply_to_parent(result: dict) -> None:

@@ -16,7 +16,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ REPOSITORY = str(Path(__file__).resolve().parents[1])
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)
 
-from benchmarks.harness import median, print_result  # noqa: E402
+from benchmarks.harness import free_port, median, print_result  # noqa: E402
 from benchmarks.trainers import ES_PHASES, even_token_fraction  # noqa: E402
 
 SERVER_START_SECONDS = 900  # two engines loading at once on a loaded 2-core machine take minutes
@@ -87,9 +86,7 @@ def main():
 
 def launch_server(cli, model: str, secret_file: str, index: int, workdir: Path):
     """Start server `index` (0: A, 1: B) on a free port without waiting for it; (process, port, log)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", model, "--port", str(port),
                "--secret_file", secret_file, "--max_model_len", "512",
                *(["--gpu_memory_utilization", "0.6"] if cli.cuda else []),  # room for the trainer on GPU 0
