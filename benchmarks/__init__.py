@@ -26,6 +26,12 @@ Sections (`--sections`; each module's docstring says how it measures):
 5. processes (`processes.py`): `benchmarks/population_parallel.py`, 2 processes over 1: `speedup_2_processes` (and
    `speedup_2_processes_unsharded_update`, with `shard_update=False`, side by side).
 6. scale (`scale.py`, not run by default): ES seconds per step against population size, prompt batch and model size.
+7. colocate_memory (`colocate_memory.py`, not run by default): peak memory of an ES process with a colocated vLLM
+   engine minus that of the same engine generating alone, per parameter, bf16 model:
+   `memory_bytes_per_param_es_colocate` (float32 master) and `..._compensated` (`compensated_bfloat16`).
+8. servers (`servers.py`, not run by default): `benchmarks/server_pool_speedup.py`, ES steps per second with
+   `vllm_mode="server"` over 2 `trl-es vllm-serve` servers / 1: `speedup_2_servers`.
+`tp2_over_tp1_step_time_ratio` stays null: tensor-parallel colocate is not built.
 
 On CPU every process uses one torch thread unless `--threads` says otherwise: on a shared machine, OpenMP threads
 that wait for each other while other processes hold the cores slowed generation 5-10x at random in our runs.

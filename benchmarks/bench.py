@@ -29,7 +29,7 @@ from benchmarks.harness import (  # noqa: E402
     write_result,
 )
 from benchmarks.options import parse_args  # noqa: E402
-from benchmarks.sections import SECTIONS, memory, overhead  # noqa: E402
+from benchmarks.sections import SECTIONS, overhead  # noqa: E402
 
 # Every RESULT holds these (null where the section did not run), with the setting each one is measured at
 REQUIRED_KEYS = {
@@ -41,7 +41,13 @@ REQUIRED_KEYS = {
     "lowrank_ratio_over_batched_generation": "lowrank: low-rank ES step / one batched generate, largest N",
     "vllm_overhead_ratio": "vllm: colocate ES step / vLLM generation of the same completions",
     "speedup_2_processes": "processes: steps per second, 2 processes / 1",
+    "memory_bytes_per_param_es_colocate": "colocate_memory: ES colocate (bf16 model, float32 master) - engine alone",
+    "memory_bytes_per_param_es_colocate_compensated": "colocate_memory: the same, compensated_bfloat16 master",
+    "speedup_2_servers": "servers: ES steps per second, vllm_mode='server' over 2 servers / 1",
+    "tp2_over_tp1_step_time_ratio": "tensor_parallel: colocate ES step, vLLM TP=2 / TP=1",
 }
+# What no section measures yet: the reason, under RESULT's `skipped`
+NOT_BUILT = {"tensor_parallel": "tensor-parallel colocate is not built"}
 # Printed in the summary too, where measured
 SECONDARY_KEYS = ("overhead_ratio_own_work", "vllm_overhead_ratio_own_work", "time_ratio_es_over_grpo_per_step",
                   "overhead_crosses_1_05_at_prompt_tokens", "speedup_2_processes_unsharded_update")  # fmt: skip
@@ -49,8 +55,9 @@ SECONDARY_KEYS = ("overhead_ratio_own_work", "vllm_overhead_ratio_own_work", "ti
 
 def main():
     cli = parse_args()
-    if cli.worker:
-        reply_to_parent(memory.worker(json.loads(cli.worker)))
+    if cli.worker:  # one measurement in this fresh process, for the section that started it
+        spec = json.loads(cli.worker)
+        reply_to_parent(SECTIONS[spec["section"]].worker(spec))
         return
     started = time.perf_counter()
     import torch
@@ -102,7 +109,7 @@ def run(cli, device: str, workdir: Path, started: float) -> dict:
         else:
             result.update(module.result_keys(outcome))
     result.update(overhead.grpo_time_ratio(result.get("memory"), result.get("speed")))
-    result["skipped"] = {name: skipped[name] for name in SECTIONS if name in skipped}
+    result["skipped"] = {name: skipped[name] for name in SECTIONS if name in skipped} | NOT_BUILT
     result["elapsed_seconds"] = time.perf_counter() - started
     print_summary(result)
     print_result(result)

@@ -22,6 +22,8 @@ PRESETS = {
         lowrank_populations=[8, 16],
         repetitions=2,
         processes_model="tiny",
+        colocate_model="5M",
+        servers_model="tiny",
     ),
     "full": dict(
         memory_model="100M",
@@ -30,8 +32,9 @@ PRESETS = {
         repetitions=5,
         curve=["4x16x16", "4x64x64", "4x128x64"],
         lowrank_populations=[8, 32, 64],
-        sections=["memory", "speed", "lowrank", "vllm", "processes", "scale"],
+        sections=["memory", "speed", "lowrank", "vllm", "processes", "scale", "colocate_memory", "servers"],
         scale_model="30M",
+        servers_model="30M",
         populations=[4, 8, 16, 32],
         batch_sizes=[2, 4, 8, 16],
         model_sizes=["5M", "30M", "100M"],
@@ -67,6 +70,10 @@ PRESETS = {
         steps=1,
         repetitions=1,
         grpo_micro_batch=2,
+        colocate_model="tiny",
+        colocate_setting="2x2x4",
+        servers_model="tiny",
+        servers_steps=1,
     ),
 }
 
@@ -109,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=["float32", "bf16", "lowrank", "lowrank_split"],
         help="The setups of section 1 (lowrank_split: low-rank with a quarter of the members per generate call).",
     )
-    parser.add_argument("--population_size", type=int, default=8, help="N of sections 1-2 (GRPO: group size).")
-    parser.add_argument("--batch_size", type=int, default=64, help="Prompts per step (B) of sections 1-4.")
-    parser.add_argument("--max_completion_length", type=int, default=16, help="Completion tokens (T), sections 1-4.")
+    parser.add_argument("--population_size", type=int, default=8, help="N of sections 1-2, 5, 8 (GRPO: group size).")
+    parser.add_argument("--batch_size", type=int, default=64, help="Prompts per step (B) of sections 1-5, 8.")
+    parser.add_argument(
+        "--max_completion_length", type=int, default=16, help="Completion tokens (T), sections 1-5, 8."
+    )
     parser.add_argument("--small_batch", default="4x4x16", help="NxBxT of the small-batch row of section 2.")
     parser.add_argument("--curve", nargs="*", default=["4x16x16", "4x64x32"], help="More NxBxT points of section 2.")
     parser.add_argument(
@@ -139,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vllm_model", default=None, help="Model of section 4 (default: the tiny test model).")
     parser.add_argument("--processes_model", choices=list(MODEL_SIZES), default="5M", help="Model of section 5.")
     parser.add_argument("--scale_model", choices=list(MODEL_SIZES), default="5M", help="Model of the N and B tables.")
+    parser.add_argument("--colocate_model", choices=list(MODEL_SIZES), default="100M", help="Model of section 7.")
+    parser.add_argument(
+        "--colocate_setting",
+        default="2x8x16",
+        help="NxBxT of section 7 (the memory beyond the engine does not grow with N; B x T sizes generation's own).",
+    )
+    parser.add_argument("--servers_model", choices=list(MODEL_SIZES), default="5M", help="Model of section 8.")
+    parser.add_argument(
+        "--servers_steps", type=int, default=2, help="Timed steps per block of section 8 (--repetitions blocks each)."
+    )
     parser.add_argument("--populations", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--model_sizes", choices=list(MODEL_SIZES), nargs="+", default=["5M", "30M"])

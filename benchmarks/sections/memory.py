@@ -53,6 +53,7 @@ def model_sizes(cli) -> set[str]:
 def run(cli, paths: dict[str, str], device: str) -> dict:
     """Every setup's ES run and each dtype's GRPO run, each in its own worker process; prints the table."""
     spec = dict(
+        section="memory",
         device=device,
         population_size=cli.population_size,
         batch_size=cli.batch_size,

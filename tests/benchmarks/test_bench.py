@@ -1,5 +1,6 @@
 """`make bench` on the smallest settings: every section runs and the last line carries the ratios."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -8,7 +9,9 @@ import pytest
 from scripts.paths import REPO
 
 from benchmarks.options import parse_args
+from benchmarks.sections import colocate_memory, servers
 from benchmarks.sections.overhead import parse_setting
+from benchmarks.server_pool_speedup import core_share
 from benchmarks.trainers import even_token_fraction
 
 BENCH = REPO / "benchmarks" / "bench.py"
@@ -56,6 +59,25 @@ def test_presets_set_defaults_that_explicit_flags_override():
     assert parse_args(["--preset", "gpu"]).memory_model == "0.5B"
     assert parse_args(["--preset", "gpu", "--batch_size", "4"]).batch_size == 4
     assert parse_args(["--full"]).preset == "full"
+
+
+def test_the_sections_that_start_vllm_engines_and_servers_run_on_request():
+    assert {"colocate_memory", "servers"}.isdisjoint(parse_args([]).sections)
+    assert {"colocate_memory", "servers"} <= set(parse_args(["--full"]).sections)
+    assert parse_args(["--preset", "tiny"]).colocate_model == "tiny"
+
+
+@pytest.mark.parametrize("section", [colocate_memory, servers])
+def test_a_vllm_section_is_skipped_with_the_reason_where_vllm_is_not_installed(monkeypatch, section):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert section.run(parse_args(["--preset", "tiny"]), {}, "cpu") == {"skipped": "vLLM is not installed"}
+
+
+def test_each_server_runs_on_its_own_share_of_the_cores(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert [core_share(index, 2) for index in range(2)] == ["0,1", "2,3"]
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {5})
+    assert [core_share(index, 2) for index in range(2)] == ["5", "5"]  # fewer cores than servers: they share
 
 
 def test_a_setting_is_population_by_batch_by_tokens():

@@ -20,6 +20,10 @@ REQUIRED_KEYS = [
     "lowrank_ratio_over_batched_generation",
     "vllm_overhead_ratio",
     "speedup_2_processes",
+    "memory_bytes_per_param_es_colocate",
+    "memory_bytes_per_param_es_colocate_compensated",
+    "speedup_2_servers",
+    "tp2_over_tp1_step_time_ratio",
 ]
 
 

