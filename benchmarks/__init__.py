@@ -31,7 +31,9 @@ Sections (`--sections`; each module's docstring says how it measures):
    `memory_bytes_per_param_es_colocate` (float32 master) and `..._compensated` (`compensated_bfloat16`).
 8. servers (`servers.py`, not run by default): `benchmarks/server_pool_speedup.py`, ES steps per second with
    `vllm_mode="server"` over 2 `trl-es vllm-serve` servers / 1: `speedup_2_servers`.
-`tp2_over_tp1_step_time_ratio` stays null: tensor-parallel colocate is not built.
+9. tensor_parallel (`tensor_parallel.py`, not run by default): `benchmarks/population_parallel.py` with colocated vLLM,
+   2 processes sharing one engine (`vllm_tensor_parallel_size=2`) / 1 process with its own, seconds per ES step:
+   `tp2_over_tp1_step_time_ratio`.
 
 On CPU every process uses one torch thread unless `--threads` says otherwise: on a shared machine, OpenMP threads
 that wait for each other while other processes hold the cores slowed generation 5-10x at random in our runs.

@@ -7,7 +7,17 @@ has the same three functions (and `worker` where it needs one):
 - `worker(spec)`, where it measures in fresh processes (`bench.py --worker <spec>`, `spec["section"]` naming it).
 """
 
-from benchmarks.sections import colocate_memory, lowrank, memory, overhead, processes, scale, servers, vllm
+from benchmarks.sections import (
+    colocate_memory,
+    lowrank,
+    memory,
+    overhead,
+    processes,
+    scale,
+    servers,
+    tensor_parallel,
+    vllm,
+)
 
 # --sections name -> module
 SECTIONS = {
@@ -19,6 +29,7 @@ SECTIONS = {
     "scale": scale,
     "colocate_memory": colocate_memory,
     "servers": servers,
+    "tensor_parallel": tensor_parallel,
 }
-# scale, colocate_memory and servers take minutes more each (the last two start vLLM engines and servers): on request
+# scale, colocate_memory, servers and tensor_parallel take minutes more each (vLLM engines and servers): on request
 DEFAULT_SECTIONS = ["memory", "speed", "lowrank", "vllm", "processes"]

@@ -9,7 +9,7 @@ import pytest
 from scripts.paths import REPO
 
 from benchmarks.options import parse_args
-from benchmarks.sections import colocate_memory, servers
+from benchmarks.sections import colocate_memory, servers, tensor_parallel
 from benchmarks.sections.overhead import parse_setting
 from benchmarks.server_pool_speedup import core_share
 from benchmarks.trainers import even_token_fraction
@@ -62,12 +62,13 @@ def test_presets_set_defaults_that_explicit_flags_override():
 
 
 def test_the_sections_that_start_vllm_engines_and_servers_run_on_request():
-    assert {"colocate_memory", "servers"}.isdisjoint(parse_args([]).sections)
-    assert {"colocate_memory", "servers"} <= set(parse_args(["--full"]).sections)
+    on_request = {"colocate_memory", "servers", "tensor_parallel"}
+    assert on_request.isdisjoint(parse_args([]).sections)
+    assert on_request <= set(parse_args(["--full"]).sections)
     assert parse_args(["--preset", "tiny"]).colocate_model == "tiny"
 
 
-@pytest.mark.parametrize("section", [colocate_memory, servers])
+@pytest.mark.parametrize("section", [colocate_memory, servers, tensor_parallel])
 def test_a_vllm_section_is_skipped_with_the_reason_where_vllm_is_not_installed(monkeypatch, section):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert section.run(parse_args(["--preset", "tiny"]), {}, "cpu") == {"skipped": "vLLM is not installed"}

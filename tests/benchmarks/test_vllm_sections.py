@@ -1,5 +1,6 @@
 """`make bench`'s vLLM sections at the tiny preset: `servers` starts two real `trl-es vllm-serve` servers and times
-ES steps over one and over both; `colocate_memory` measures an ES colocate process and an engine-only process."""
+ES steps over one and over both; `colocate_memory` measures an ES colocate process and an engine-only process;
+`tensor_parallel` times 2 processes sharing a TP=2 engine against 1 process with its own."""
 
 import json
 import subprocess
@@ -44,5 +45,12 @@ def test_colocate_memory_measures_what_es_adds_to_the_same_engine_for_each_maste
         assert es["added_bytes"] >= es["model_bytes"] + es["master_bytes"]
     assert result["memory_bytes_per_param_es_colocate"] == float32["bytes_per_param"]
     assert result["memory_bytes_per_param_es_colocate_compensated"] == compensated["bytes_per_param"]
-    assert result["tp2_over_tp1_step_time_ratio"] is None
-    assert result["skipped"]["tensor_parallel"] == "tensor-parallel colocate is not built"
+    assert result["skipped"]["tensor_parallel"] == "not among --sections"
+
+
+def test_tensor_parallel_times_two_processes_sharing_one_engine_against_one_with_its_own():
+    result = bench_result("tensor_parallel")
+    runs = result["tensor_parallel"]["runs"]
+    assert [(row["processes"], row["tensor_parallel_size"]) for row in runs] == [(1, 1), (2, 2)]
+    assert all(row["seconds_per_step"] > 0 for row in runs)
+    assert result["tp2_over_tp1_step_time_ratio"] == runs[1]["seconds_per_step"] / runs[0]["seconds_per_step"]
