@@ -82,14 +82,11 @@ class Evaluators:
         return per_process[:: self.group_size]
 
 
-def gather_members(
-    accelerator: Accelerator, local: torch.Tensor, evaluators: Evaluators | None = None
-) -> torch.Tensor:
+def gather_members(accelerator: Accelerator, local: torch.Tensor, evaluators: Evaluators) -> torch.Tensor:
     """This process's per-member values (`local`: one row per round) gathered into the whole population's, in member
-    order (member `j * E + e` is evaluator `e`'s round `j`; without `evaluators`, each process is one)."""
+    order (member `j * E + e` is evaluator `e`'s round `j`)."""
     if accelerator.num_processes == 1:
         return local
-    evaluators = evaluators or Evaluators.of(accelerator)
     gathered = accelerator.gather(local.to(accelerator.device)).cpu()  # process-major: (P x rounds, ...)
     rounds = local.shape[0]
     per_process = gathered.view(accelerator.num_processes, rounds, *local.shape[1:])
@@ -114,8 +111,8 @@ def check_population_divides(population_size: int, num_processes: int, group_siz
 
 
 def members_of_this_process(accelerator: Accelerator, members: list[Member]) -> list[Member]:
-    """This process's members, one per round: `members[round * P + rank]`."""
-    return members[accelerator.process_index :: accelerator.num_processes]
+    """This process's members, one per round, where every process is an evaluator: `members[round * P + rank]`."""
+    return Evaluators.of(accelerator).members(members)
 
 
 def in_member_order(per_process: torch.Tensor) -> torch.Tensor:

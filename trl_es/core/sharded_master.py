@@ -118,11 +118,7 @@ class ShardedMasterWeights(MasterWeights):
 
     def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """Every tensor, from its owner (collective); `keep=False` drops each after its broadcast."""
-        state = {}
-        for name, value in self.centre():
-            if keep:
-                state[name] = value if self.shards.owns(name) else value.clone()
-        return state
+        return {name: value for name, value in self.centre() if keep}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Load the owned tensors from `tensors` (a whole master, or any part holding them)."""
