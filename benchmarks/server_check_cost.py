@@ -11,7 +11,6 @@ its verification (`generate_center`), and `es_verify` alone, and prints the chec
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ REPOSITORY = str(Path(__file__).resolve().parents[1])
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)
 
-from benchmarks.harness import median, timed  # noqa: E402
+from benchmarks.harness import free_port, median, timed  # noqa: E402
 from trl_es.backends.sampling import SamplingSettings  # noqa: E402
 from trl_es.backends.vllm_server import VLLMServerBackend  # noqa: E402
 from trl_es.core.master import MasterWeights  # noqa: E402
@@ -34,9 +33,7 @@ from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer  # noqa: E402
 
 
 def start_server(model: Path, secret_file: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", str(model), "--port", str(port),
                "--secret_file", str(secret_file), "--max_model_len", "512", "--", "--enforce-eager"]  # fmt: skip
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}

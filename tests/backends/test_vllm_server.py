@@ -20,12 +20,12 @@ from scripts.server_vllm_required import require_module
 require_module("vllm")
 
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
-from scripts.ports import free_port  # noqa: E402
 from scripts.ragged_rows import generated_alone, ragged_rows  # noqa: E402
 from scripts.vllm_servers import Server, serve_command, wait_healthy  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import trl_es  # noqa: E402
+from benchmarks.harness import free_port  # noqa: E402
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.control_channel import (  # noqa: E402
     CHECKPOINT_DIR_ENV,

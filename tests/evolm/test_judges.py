@@ -17,11 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 import torch
-from scripts.ports import free_port
 from scripts.vllm_servers import Server
 from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
+from benchmarks.harness import free_port
 from trl_es.evolm.judges import (
     PROBE_QUESTION,
     PROBE_RESPONSE,

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from scripts.paths import ACCELERATE_CONFIGS, SCRIPTS
-from scripts.ports import free_port
+
+from benchmarks.harness import free_port
 
 SCRIPT = SCRIPTS / "train_population.py"
 MULTI_NODE = ACCELERATE_CONFIGS / "multi_node.yaml"

@@ -2,7 +2,8 @@
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from scripts.ports import free_port
+
+from benchmarks.harness import free_port
 
 
 def run_on_processes(worker, world: int, *args) -> dict:

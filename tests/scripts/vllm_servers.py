@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from scripts.ports import free_port
+
+from benchmarks.harness import free_port
 
 
 def wait_healthy(process, port: int, log_path):
