@@ -2,6 +2,7 @@
 it: each holds about 1/k of the master, and members, centre, updates and the checkpointed master are bitwise those of
 one unsplit master."""
 
+import pytest
 import torch
 import torch.distributed as dist
 from scripts.gloo_processes import run_on_processes
@@ -22,15 +23,15 @@ def _parameters() -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=generator).bfloat16() for name, shape in SHAPES.items()}
 
 
-def _master(master_class=MasterWeights, **kwargs) -> MasterWeights:
-    master = master_class(_parameters(), sigma=0.1, **kwargs)
-    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"))
+def _master(master_class=MasterWeights, offload=False, **kwargs) -> MasterWeights:
+    master = master_class(_parameters(), sigma=0.1, offload=offload, **kwargs)
+    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"), offload=offload)
     return master
 
 
-def _worker(rank: int, world: int, lr: float, results) -> None:
+def _worker(rank: int, world: int, lr: float, offload: bool, results) -> None:
     shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
-    master = _master(ShardedMasterWeights, shards=shards)
+    master = _master(ShardedMasterWeights, offload, shards=shards)
     member = {name: tensor.clone() for name, tensor in master.perturbed(MEMBER)}
     try:
         norm, error = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01), None
@@ -41,7 +42,7 @@ def _worker(rank: int, world: int, lr: float, results) -> None:
     if error is None:
         saved = master.full_state_dict(keep=rank == 0)  # what a checkpoint writes, from the owners
         optimizer = master.optimizer_state()
-        resumed = _master(ShardedMasterWeights, shards=shards)
+        resumed = _master(ShardedMasterWeights, offload, shards=shards)
         resumed.load_state_dict(master.full_state_dict())
         resumed.restore_optimizer(optimizer, master.optimizer.metadata())
         result |= dict(saved=saved, optimizer=optimizer, resumed=dict(resumed.tensors),
@@ -49,13 +50,14 @@ def _worker(rank: int, world: int, lr: float, results) -> None:
     results[rank] = result
 
 
-def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master_and_resumes_from_its_checkpoint():
+@pytest.mark.parametrize("offload", [False, True], ids=["on_device", "offloaded"])
+def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master_and_resumes_from_its_checkpoint(offload):
     alone = _master()
     expected_member = dict(alone.perturbed(MEMBER))
     expected_norm = alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
     alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
 
-    results = run_on_processes(_worker, 2, 1e-2)
+    results = run_on_processes(_worker, 2, 1e-2, offload)
 
     owned = [set(results[rank]["owned"]) for rank in (0, 1)]
     assert owned[0] | owned[1] == set(SHAPES) and not owned[0] & owned[1]  # each tensor's master on one process
@@ -77,7 +79,7 @@ def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master_and_res
 
 
 def test_a_non_finite_step_found_by_one_owner_stops_every_process():
-    results = run_on_processes(_worker, 2, 1e38)  # finite in float32, but its steps overflow
+    results = run_on_processes(_worker, 2, 1e38, False)  # finite in float32, but its steps overflow
 
     errors = [results[rank]["error"] for rank in (0, 1)]
     assert errors[0] is not None and errors[0] == errors[1] and "non-finite" in errors[0]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scripts.gloo_processes import run_on_processes
 
+from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.update_shards import UpdateShards
@@ -21,9 +22,12 @@ SHAPES = {
 }
 
 
-def _master() -> MasterWeights:
+def _master(optimizer: str = "adam") -> MasterWeights:
     generator = torch.Generator().manual_seed(0)
-    return MasterWeights({name: torch.randn(shape, generator=generator) for name, shape in SHAPES.items()}, sigma=0.1)
+    parameters = {name: torch.randn(shape, generator=generator) for name, shape in SHAPES.items()}
+    master = MasterWeights(parameters, sigma=0.1)
+    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(optimizer))
+    return master
 
 
 class _CountingMaster(MasterWeights):
@@ -38,27 +42,33 @@ class _CountingMaster(MasterWeights):
         return super().update_direction(name, coefficients)
 
 
-def _worker(rank: int, world: int, lr: float, results) -> None:
-    master = _CountingMaster(_master().tensors, sigma=0.1)
+def _worker(rank: int, world: int, lr: float, offload: bool, optimizer: str, results) -> None:
+    master = _CountingMaster(dict(_master().tensors), sigma=0.1, offload=offload)
+    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(optimizer), offload=offload)
+    shards = UpdateShards(rank, world)
     try:
-        norm = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01, shards=UpdateShards(rank, world))
+        norm = master.apply_update(COEFFICIENTS, lr=lr, weight_decay=0.01, shards=shards)
         error = None
     except NonFiniteError as caught:
         norm, error = None, str(caught)
-    results[rank] = (master.tensors, norm, dict(master.computed), error)
+    state = master.optimizer_state(shards) if error is None else {}  # gathered from the owners (collective)
+    results[rank] = (dict(master.tensors), norm, dict(master.computed), error, state)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_shared_update_is_bitwise_the_single_process_update(world):
+@pytest.mark.parametrize(("world", "offload"), [(2, False), (3, False), (2, True)])
+def test_shared_update_is_bitwise_the_single_process_update(world, offload):
     alone = _master()
     expected_norm = alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
 
-    results = run_on_processes(_worker, world, 1e-2)
+    results = run_on_processes(_worker, world, 1e-2, offload, "adam")
 
     drawn = Counter()
     for rank in range(world):
-        tensors, norm, computed, error = results[rank]
+        tensors, norm, computed, error, state = results[rank]
         assert error is None
+        expected_state = alone.optimizer.state_dict()
+        assert state.keys() == expected_state.keys()  # adam's state of every tensor, from its owner
+        assert all(torch.equal(state[key], expected_state[key]) for key in expected_state)
         assert norm == expected_norm  # summed in tensor order, not in the order the shards arrived
         for name, tensor in tensors.items():
             assert torch.equal(tensor, alone.tensors[name]), (rank, name)
@@ -68,7 +78,8 @@ def test_shared_update_is_bitwise_the_single_process_update(world):
 
 
 def test_an_overflowing_shared_step_stops_every_process_with_the_same_error():
-    results = run_on_processes(_worker, 2, 1e38)  # finite in float32, but its steps overflow every tensor
+    # Finite in float32, but its plain steps overflow every tensor (Adam's would stay about lr in size)
+    results = run_on_processes(_worker, 2, 1e38, False, "sgd")
 
     errors = [results[rank][3] for rank in range(2)]
     assert errors[0] is not None and errors[0] == errors[1]

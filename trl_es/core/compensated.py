@@ -95,6 +95,8 @@ class CompensatedMasterWeights(MasterWeights):
             name for name, param in parameters.items() if self.pairs[name][0].data_ptr() == param.data_ptr()
         }
         self.tensors = JoinedTensors(self.pairs)
+        self.shapes = {name: param.shape for name, param in parameters.items()}
+        self.device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
     def nbytes(self) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .guards import check_finite_tensors
+from .host_memory import host_copy
 
 ES_OPTIMIZERS = ("sgd", "momentum", "adam")
 # The state each optimizer keeps per evolving tensor, saved as "<tensor name>.<suffix>"
@@ -59,10 +60,13 @@ class DirectionOptimizer:
 
     Args:
         settings (`DirectionOptimizerSettings`): which optimizer and its constants.
+        offload (`bool`, *optional*, defaults to `False`): Keep the state in host memory (`ESConfig.offload_master`):
+            each tensor's state is computed with on the direction's device and written back.
     """
 
-    def __init__(self, settings: DirectionOptimizerSettings = DirectionOptimizerSettings()):
+    def __init__(self, settings: DirectionOptimizerSettings = DirectionOptimizerSettings(), offload: bool = False):
         self.settings = settings
+        self.offload = offload
         self.updates = 0  # updates begun, Adam's t
         self.state: dict[str, torch.Tensor] = {}  # "<tensor>.momentum" / ".exp_avg" / ".exp_avg_sq", float32
 
@@ -72,24 +76,33 @@ class DirectionOptimizer:
     def step(self, name: str, direction: torch.Tensor) -> torch.Tensor:
         """The step of tensor `name` for this update, from its `direction` (float32; transformed in place)."""
         settings = self.settings
+        keys = [f"{name}.{suffix}" for suffix in STATE_SUFFIXES[settings.name]]
+        buffers = [self._buffer(key, direction) for key in keys]
         if settings.name == "sgd":
             return direction
         if settings.name == "momentum":
-            buffer = self._buffer(f"{name}.momentum", direction)
+            (buffer,) = buffers
             buffer.mul_(settings.momentum).add_(direction)
-            return direction.copy_(buffer)
-        exp_avg, exp_avg_sq = self._buffer(f"{name}.exp_avg", direction), self._buffer(f"{name}.exp_avg_sq", direction)
-        exp_avg.lerp_(direction, 1 - settings.beta1)
-        exp_avg_sq.mul_(settings.beta2).addcmul_(direction, direction, value=1 - settings.beta2)
-        first_correction = 1 - settings.beta1**self.updates
-        second_correction = 1 - settings.beta2**self.updates
-        denominator = (exp_avg_sq / second_correction).sqrt_().add_(settings.epsilon)
-        return torch.div(exp_avg, first_correction, out=direction).div_(denominator)
+            step = direction.copy_(buffer)
+        else:
+            exp_avg, exp_avg_sq = buffers
+            exp_avg.lerp_(direction, 1 - settings.beta1)
+            exp_avg_sq.mul_(settings.beta2).addcmul_(direction, direction, value=1 - settings.beta2)
+            first_correction = 1 - settings.beta1**self.updates
+            second_correction = 1 - settings.beta2**self.updates
+            denominator = (exp_avg_sq / second_correction).sqrt_().add_(settings.epsilon)
+            step = torch.div(exp_avg, first_correction, out=direction).div_(denominator)
+        if self.offload:
+            for key, buffer in zip(keys, buffers, strict=True):
+                self.state[key].copy_(buffer)
+        return step
 
     def _buffer(self, key: str, like: torch.Tensor) -> torch.Tensor:
+        """The state tensor `key`, created as zeros at the first update; offloaded, a copy on `like`'s device."""
         if key not in self.state:
-            self.state[key] = torch.zeros_like(like, dtype=torch.float32)
-        return self.state[key]
+            zeros = torch.zeros_like(like, dtype=torch.float32)
+            self.state[key] = host_copy(zeros) if self.offload else zeros
+        return self.state[key].to(like.device, non_blocking=True, copy=self.offload)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state tensors by key (empty for `"sgd"`); `updates` is saved beside them (`metadata`)."""

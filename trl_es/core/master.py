@@ -14,6 +14,7 @@ import torch
 
 from .direction_optimizer import STATE_SUFFIXES, DirectionOptimizer
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
+from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
 from .update_shards import UpdateShards
 
@@ -31,16 +32,27 @@ class MasterWeights:
             Use float32 parameters themselves as their master instead of copying them, so updates land in them
             directly. Only valid when the parameters always hold the centre (members are generated elsewhere): it
             saves a float32 copy of the model.
+        offload (`bool`, *optional*, defaults to `False`):
+            Keep the master in host memory (`trl_es.core.host_memory`); everything is still computed on the
+            parameters' device, one tensor at a time, with the same results.
     """
 
-    def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, share_float32: bool = False):
+    def __init__(
+        self, parameters: dict[str, torch.Tensor], sigma: float, share_float32: bool = False, offload: bool = False
+    ):
         self.sigma = sigma
-        self.optimizer = DirectionOptimizer()  # plain ES; `ESConfig.es_optimizer` sets another (`build_population`)
-        self.tensors = {
-            name: param.detach() if share_float32 and param.dtype == torch.float32 else param.detach().float().clone()
-            for name, param in parameters.items()
-        }
-        self.shared = {name for name, param in parameters.items() if self.tensors[name].data_ptr() == param.data_ptr()}
+        self.optimizer = DirectionOptimizer(offload=offload)  # `build_population` sets `ESConfig.es_optimizer`'s
+        self.device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
+        if offload:
+            self.tensors = HostTensors({name: host_copy(param) for name, param in parameters.items()}, self.device)
+        else:
+            shares = {name for name, param in parameters.items() if share_float32 and param.dtype == torch.float32}
+            self.tensors = {
+                name: param.detach() if name in shares else param.detach().float().clone()
+                for name, param in parameters.items()
+            }
+        self.shapes = {name: param.shape for name, param in parameters.items()}
+        self.shared = {name for name, param in parameters.items() if self.stored(name).data_ptr() == param.data_ptr()}
         # The dtype each tensor is written into: an update must stay finite there too, not only in float32.
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
@@ -62,11 +74,11 @@ class MasterWeights:
 
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
-        master = self.tensors[name]
-        direction = torch.zeros_like(master)
+        shape = self.shapes[name]
+        direction = torch.zeros(shape, device=self.device)
         for seed, coefficient in coefficients.items():
             if coefficient != 0.0:
-                direction.add_(parameter_noise(seed, name, master.shape, master.device), alpha=coefficient)
+                direction.add_(parameter_noise(seed, name, shape, self.device), alpha=coefficient)
         return direction
 
     def is_frozen(self, name: str) -> bool:
@@ -106,7 +118,7 @@ class MasterWeights:
             return self.optimizer.step(name, self.update_direction(name, coefficients))
 
         steps = ((name, step_of(name)) for name in names) if shards is None else shards.directions(
-            self.tensors, names, step_of
+            self.shapes, names, step_of, self.device
         )  # fmt: skip
         squared_norms = {}
         for name, step in steps:
@@ -120,8 +132,15 @@ class MasterWeights:
         return squared_norms
 
     def _written(self, name: str, value: torch.Tensor) -> None:
-        """Called after `value`, read as `self.tensors[name]`, was changed in place: here it is the master itself, so
-        nothing is left to do; a master that stores its tensors otherwise stores the new value."""
+        """Called after `value`, read as `self.tensors[name]`, was changed in place: here it is the master itself (or,
+        offloaded, its copy on the accelerator, stored back); a master that stores its tensors otherwise stores the
+        new value."""
+        if isinstance(self.tensors, HostTensors):
+            self.tensors.store(name, value)
+
+    def stored(self, name: str) -> torch.Tensor:
+        """Tensor `name` as the master stores it (in host memory when offloaded)."""
+        return self.state_dict()[name]
 
     def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
         """`||master - reference|| / ||reference||` over all tensors (0 when the reference is all zeros)."""
@@ -142,12 +161,12 @@ class MasterWeights:
         """Continue a checkpoint's `es_optimizer` state (its tensors and `es_state.json`), checked against the
         tensors this master updates, and moved to their device (a checkpoint is read onto the CPU). With `shards`,
         this process keeps the state of the tensors it owns only."""
-        shapes = {name: self.tensors[name].shape for name in self.updated_names()}
-        owned = set(shapes) if shards is None else shards.owned(self.tensors, list(shapes))
-        device = next(iter(self.tensors.values())).device
+        shapes = {name: self.shapes[name] for name in self.updated_names()}
+        owned = set(shapes) if shards is None else shards.owned(shapes, list(shapes))
         self.optimizer.load_state_dict(tensors, metadata, shapes)
+        place = host_copy if isinstance(self.tensors, HostTensors) else (lambda tensor: tensor.to(self.device))
         self.optimizer.state = {
-            key: tensor.to(device) for key, tensor in self.optimizer.state.items() if key.rsplit(".", 1)[0] in owned
+            key: place(tensor) for key, tensor in self.optimizer.state.items() if key.rsplit(".", 1)[0] in owned
         }
 
     def optimizer_state(self, shards: UpdateShards | None = None) -> dict[str, torch.Tensor]:
@@ -157,24 +176,25 @@ class MasterWeights:
         suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
         if shards is None or not suffixes:
             return state
-        return dict(shards.gathered(self.tensors, self.updated_names(), state, suffixes))
+        return dict(shards.gathered(self.shapes, self.updated_names(), state, suffixes, self.device))
 
     def nbytes(self) -> int:
         """The bytes the master adds to the parameters (a tensor shared with a float32 parameter adds none)."""
-        return sum(tensor.nbytes for name, tensor in self.tensors.items() if name not in self.shared)
+        return sum(self.stored(name).nbytes for name in self.tensors if name not in self.shared)
 
     def holds(self, name: str, parameter: torch.Tensor) -> bool:
         """Whether `parameter` is (part of) the master's own storage of tensor `name`, which updates change in
         place: nothing needs to be copied into it."""
-        return name in self.tensors and parameter.data_ptr() == self.tensors[name].data_ptr()
+        return name in self.tensors and parameter.data_ptr() == self.stored(name).data_ptr()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.tensors
+        """The master's tensors by name, as stored (float32; in host memory when offloaded)."""
+        return self.tensors.host if isinstance(self.tensors, HostTensors) else self.tensors
 
     def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """Every tensor of the master, as a checkpoint saves it (collective where the master is split over processes;
         `keep=False`: a process that saves nothing takes part without keeping the tensors)."""
-        return self.tensors if keep else {}
+        return self.state_dict() if keep else {}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         missing = sorted(set(self.tensors) - set(tensors))
@@ -185,12 +205,12 @@ class MasterWeights:
                 "Resume with the same model (and PEFT configuration) that wrote the checkpoint."
             )
         # `copy_` would broadcast a smaller tensor and cast any dtype: refuse both, and anything non-finite.
-        for name, master in self.tensors.items():
+        for name, shape in self.shapes.items():
             saved = tensors[name]
-            if saved.shape != master.shape or saved.dtype != torch.float32:
+            if saved.shape != shape or saved.dtype != torch.float32:
                 raise ValueError(
                     f"The saved ES master of {name!r} is a {saved.dtype} tensor of shape {tuple(saved.shape)}, but a "
-                    f"master is float32 with the parameter's shape {tuple(master.shape)}. Resume with the same model "
+                    f"master is float32 with the parameter's shape {tuple(shape)}. Resume with the same model "
                     "(and PEFT configuration) that wrote the checkpoint."
                 )
         check_finite_tensors(tensors, "The saved ES master tensors")

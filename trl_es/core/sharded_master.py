@@ -38,10 +38,10 @@ class EngineShards:
     def owns(self, name: str) -> bool:
         return self.owner[name] == self.rank
 
-    def from_owner(self, name: str, value: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-        """Tensor `name` as its owner holds it (`value` there), on every process of the group (float32, shaped and
-        placed like `like`)."""
-        tensor = value if self.owns(name) else torch.empty(like.shape, dtype=torch.float32, device=like.device)
+    def from_owner(self, name: str, value: torch.Tensor | None, shape: torch.Size, device) -> torch.Tensor:
+        """Tensor `name` as its owner holds it (`value` there, in host memory or on `device`), on every process of
+        the group (float32 of `shape`, on `device`)."""
+        tensor = value.to(device) if self.owns(name) else torch.empty(shape, dtype=torch.float32, device=device)
         torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
         return tensor
 
@@ -62,11 +62,20 @@ class ShardedMasterWeights(MasterWeights):
         sigma (`float`): Noise scale of the members.
         shards ([`EngineShards`]): Who owns which tensor.
         share_float32 (`bool`, *optional*, defaults to `False`): As in [`MasterWeights`], for the owned tensors.
+        offload (`bool`, *optional*, defaults to `False`): As in [`MasterWeights`]: the owned tensors in host memory.
     """
 
-    def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, shards: EngineShards, share_float32=False):
+    def __init__(
+        self,
+        parameters: dict[str, torch.Tensor],
+        sigma: float,
+        shards: EngineShards,
+        share_float32: bool = False,
+        offload: bool = False,
+    ):
         owned = {name: param for name, param in parameters.items() if shards.owns(name)}
-        super().__init__(owned, sigma, share_float32=share_float32)
+        super().__init__(owned, sigma, share_float32=share_float32, offload=offload)
+        self.device = next(iter(parameters.values())).device  # a process may own no tensor
         self.shards = shards
         self.parameters = parameters
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
@@ -75,12 +84,12 @@ class ShardedMasterWeights(MasterWeights):
         """Every tensor of `member` (collective): each computed by its owner."""
         for name, parameter in self.parameters.items():
             value = self.perturbed_tensor(name, member) if self.shards.owns(name) else None
-            yield name, self.shards.from_owner(name, value, parameter)
+            yield name, self.shards.from_owner(name, value, parameter.shape, self.device)
 
     def centre(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of the master (collective)."""
         for name, parameter in self.parameters.items():
-            yield name, self.shards.from_owner(name, self.tensors.get(name), parameter)
+            yield name, self.shards.from_owner(name, self.tensors.get(name), parameter.shape, self.device)
 
     def apply_update(self, coefficients, lr, weight_decay=0.0, shards: UpdateShards | None = None) -> float:
         """Each owner updates its tensors (`shards` is not used: the group's owners share the work already); the norm
@@ -113,7 +122,7 @@ class ShardedMasterWeights(MasterWeights):
         state, gathered = self.optimizer.state_dict(), {}
         for name, parameter in self.parameters.items():
             for key in (f"{name}.{suffix}" for suffix in suffixes):
-                gathered[key] = self.shards.from_owner(name, state.get(key), parameter)
+                gathered[key] = self.shards.from_owner(name, state.get(key), parameter.shape, self.device)
         return gathered
 
     def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ process would, and broadcasts them bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -31,24 +31,28 @@ class UpdateShards:
         self.rank = rank
         self.num_processes = num_processes
 
-    def rounds(self, tensors: dict[str, torch.Tensor], names: list[str]) -> Iterator[list[str]]:
+    def rounds(self, shapes: Mapping[str, torch.Size], names: list[str]) -> Iterator[list[str]]:
         """The tensors of `names` in rounds of P, smallest first: process `k` owns the `k`-th of each round."""
-        by_size = sorted(names, key=lambda name: tensors[name].numel())
+        by_size = sorted(names, key=lambda name: shapes[name].numel())
         for start in range(0, len(by_size), self.num_processes):
             yield by_size[start : start + self.num_processes]
 
-    def owned(self, tensors: dict[str, torch.Tensor], names: list[str]) -> set[str]:
+    def owned(self, shapes: Mapping[str, torch.Size], names: list[str]) -> set[str]:
         """The tensors whose direction (and `es_optimizer` state) this process computes and keeps."""
-        return {round_names[self.rank] for round_names in self.rounds(tensors, names) if self.rank < len(round_names)}
+        return {round_names[self.rank] for round_names in self.rounds(shapes, names) if self.rank < len(round_names)}
 
     def directions(
-        self, tensors: dict[str, torch.Tensor], names: list[str], direction_of: Callable[[str], torch.Tensor]
+        self,
+        shapes: Mapping[str, torch.Size],
+        names: list[str],
+        direction_of: Callable[[str], torch.Tensor],
+        device: torch.device,
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(name, direction_of(name))` for every tensor in `names` (shaped like `tensors[name]`), in rounds:
-        `direction_of` runs only on the tensor's owner, and its result reaches every process."""
-        for round_names in self.rounds(tensors, names):
+        """`(name, direction_of(name))` for every tensor in `names` (float32 of `shapes[name]`, on `device`), in
+        rounds: `direction_of` runs only on the tensor's owner, and its result reaches every process."""
+        for round_names in self.rounds(shapes, names):
             received = [
-                direction_of(name) if owner == self.rank else torch.empty_like(tensors[name])
+                direction_of(name) if owner == self.rank else torch.empty(shapes[name], device=device)
                 for owner, name in enumerate(round_names)
             ]
             for owner, direction in enumerate(received):
@@ -56,13 +60,20 @@ class UpdateShards:
             yield from zip(round_names, received, strict=True)
 
     def gathered(
-        self, tensors: dict[str, torch.Tensor], names: list[str], state: dict[str, torch.Tensor], suffixes: tuple
+        self,
+        shapes: Mapping[str, torch.Size],
+        names: list[str],
+        state: dict[str, torch.Tensor],
+        suffixes: tuple,
+        device: torch.device,
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Per-tensor state kept by each tensor's owner (`state["<name>.<suffix>"]`, float32, shaped like the tensor),
-        yielded on every process as `(key, tensor)`, one at a time. Collective: every process iterates to the end."""
-        for round_names in self.rounds(tensors, names):
+        """Per-tensor state kept by each tensor's owner (`state["<name>.<suffix>"]`, float32 of `shapes[name]`, in
+        host memory or on `device`), yielded on every process as `(key, tensor)` on `device`, one at a time.
+        Collective: every process iterates to the end."""
+        for round_names in self.rounds(shapes, names):
             for owner, name in enumerate(round_names):
                 for key in (f"{name}.{suffix}" for suffix in suffixes):
-                    received = state[key] if owner == self.rank else torch.empty_like(tensors[name])
+                    mine = owner == self.rank
+                    received = state[key].to(device) if mine else torch.empty(shapes[name], device=device)
                     torch.distributed.broadcast(received, src=owner)
                     yield key, received
