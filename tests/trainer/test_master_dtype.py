@@ -1,6 +1,7 @@
-"""`master_dtype="compensated_bfloat16"` under ESTrainer: a bfloat16 model trains with the compensated master, its
-checkpoints hold the float32 values and a resume continues bitwise; the settings it cannot serve are refused. The
-arithmetic itself (200 updates against a float32 master) is tests/core/test_compensated.py."""
+"""How the master is kept, under ESTrainer. `master_dtype="compensated_bfloat16"`: a bfloat16 model trains with the
+compensated master, its checkpoints hold the float32 values and a resume continues bitwise; the settings it cannot
+serve are refused. The arithmetic itself (200 updates against a float32 master) is tests/core/test_compensated.py.
+`offload_master=True`: the run and its resume are bitwise the run with the master on the device."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from scripts.fast_es import MOVING
 
 from trl_es import ESTrainer
 from trl_es.core.compensated import CompensatedMasterWeights
+from trl_es.core.host_memory import HostTensors
 from trl_es.testing import digit_fraction, digit_prompts
 
 
@@ -40,3 +42,29 @@ def test_a_compensated_master_trains_a_bfloat16_model_and_resumes_bitwise(tiny_m
 def test_a_compensated_master_is_refused_where_a_float32_master_is_kept_elsewhere(setting, make_config):
     with pytest.raises(NotImplementedError, match="master_dtype='compensated_bfloat16' works with full-rank members"):
         make_config(master_dtype="compensated_bfloat16", **setting)
+
+
+def test_a_host_offloaded_master_trains_and_resumes_bitwise_like_the_master_on_the_device(
+    tiny_model_path, make_config, tmp_path
+):
+    offloaded = dict(offload_master=True, es_optimizer="adam")
+    trainer, uninterrupted = train(tmp_path / "a", tiny_model_path, make_config, **offloaded)
+    assert isinstance(trainer.population.master.tensors, HostTensors)
+    assert set(trainer.population.master.optimizer.state_dict()) == {
+        f"{name}.{suffix}" for name in uninterrupted for suffix in ("exp_avg", "exp_avg_sq")
+    }
+    _, on_device = train(tmp_path / "d", tiny_model_path, make_config, es_optimizer="adam")
+    assert all(torch.equal(uninterrupted[name], on_device[name]) for name in uninterrupted)
+    _, resumed = train(tmp_path / "a", tiny_model_path, make_config, resume=str(tmp_path / "a" / "checkpoint-1"),
+                       **offloaded)  # fmt: skip
+    assert all(torch.equal(uninterrupted[name], resumed[name]) for name in uninterrupted)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"perturbation": "lowrank"}, {"master_dtype": "compensated_bfloat16"}],
+    ids=["lowrank", "compensated"],
+)
+def test_a_host_offloaded_master_is_refused_where_the_master_is_not_a_full_float32_one(setting, make_config):
+    with pytest.raises(NotImplementedError, match="offload_master=True keeps a full-rank float32 master"):
+        make_config(offload_master=True, **setting)

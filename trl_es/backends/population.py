@@ -118,12 +118,13 @@ def build_population(
         )
     elif engine_group is not None:  # a tensor-parallel engine's processes each keep their share of the master
         shapes = {name: param.shape for name, param in parameters.items()}
-        master = ShardedMasterWeights(parameters, args.sigma, EngineShards(engine_group, shapes), share_float32=share)
+        shards = EngineShards(engine_group, shapes)
+        master = ShardedMasterWeights(parameters, args.sigma, shards, share_float32=share, offload=args.offload_master)
     elif args.master_dtype == "compensated_bfloat16":
         master = CompensatedMasterWeights(parameters, args.sigma, share_bfloat16=share)
     else:
-        master = MasterWeights(parameters, args.sigma, share_float32=share)
-    master.optimizer = DirectionOptimizer(direction_optimizer_settings(args))
+        master = MasterWeights(parameters, args.sigma, share_float32=share, offload=args.offload_master)
+    master.optimizer = DirectionOptimizer(direction_optimizer_settings(args), offload=args.offload_master)
     if resumed is not None:
         if resumed.lossy_masters:
             master.load_state_dict({**master.state_dict(), **resumed.lossy_masters})

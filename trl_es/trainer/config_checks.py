@@ -117,6 +117,12 @@ def _check_es_fields(config) -> None:
             f"{config.vllm_mode if config.use_vllm else None!r}: a low-rank master and a vLLM server's worker keep "
             "float32 masters). Use master_dtype='float32'."
         )
+    if config.offload_master and (config.perturbation == "lowrank" or config.master_dtype != "float32"):
+        raise NotImplementedError(
+            f"offload_master=True keeps a full-rank float32 master in host memory (here perturbation="
+            f"{config.perturbation!r}, master_dtype={config.master_dtype!r}). Use perturbation='full' and "
+            "master_dtype='float32' with it, or offload_master=False."
+        )
     batch = config.population_batch_size
     if batch is not None and (not isinstance(batch, int) or batch < 1):
         raise ValueError(

@@ -122,6 +122,18 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             bfloat16 residual that keeps what each update's rounding left out (4 bytes; about 16 significant bits,
             so steps below the weights' bfloat16 resolution still accumulate). Checkpoints store float32 either way.
             Not with `perturbation="lowrank"` or `vllm_mode="server"` (whose worker keeps a float32 master).
+        offload_master (`bool`, *optional*, defaults to `False`):
+            Keep the float32 master and the `es_optimizer` state in (page-locked) host memory instead of on the
+            accelerator. Every value is still computed on the accelerator, one tensor at a time, so a run is bitwise
+            the run without offloading; the price is copying the master to the accelerator for every member (4 bytes
+            per parameter) and each update's tensors both ways. Not with `perturbation="lowrank"` or
+            `master_dtype="compensated_bfloat16"`; a vLLM server's worker keeps its own master on its GPU.
+        offload_model (`bool`, *optional*, defaults to `True`):
+            When vLLM generates (`use_vllm=True`), keep the trainer's model in host memory once the population is
+            built: members are evaluated by the engine, so the accelerator holds the engine and the master only. The
+            model still follows the centre after every update (checkpoints, evaluation and callbacks read it there)
+            and stays in host memory after training (`trainer.model.to(device)` brings it back). Set `False` for a
+            callback that runs the model on the accelerator.
         noise_seed (`int`, *optional*):
             Seed of the members' noise and of their shared sampling seeds; `seed` when unset. `SequentialTrainer`
             gives every ES stage after the first its own, so that stages do not replay each other's members.
@@ -290,6 +302,21 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             "help": "Storage of the ES master: float32, or compensated_bfloat16 (a bfloat16 value and a bfloat16 "
             "residual, half the bytes, no update lost).",
             "choices": ["float32", "compensated_bfloat16"],
+        },
+    )
+
+    offload_master: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the float32 master and es_optimizer state in host memory (computed on the accelerator one "
+            "tensor at a time: the same results, at a host-to-accelerator copy of the master per member)."
+        },
+    )
+    offload_model: bool = field(
+        default=True,
+        metadata={
+            "help": "With vLLM generating, keep the trainer's model in host memory (it follows the centre after "
+            "every update); the accelerator holds the engine and the master."
         },
     )
 

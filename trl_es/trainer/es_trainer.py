@@ -251,6 +251,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 update_shards=self._update_shards(),
                 engine_group=colocated_engine_group(self),
             )
+            if self.args.use_vllm and self.args.offload_model:
+                # The engine evaluates every member: the accelerator keeps the engine and the master, and the model
+                # follows the centre in host memory (the copy `Population.apply_update` makes after each update).
+                model.to("cpu")
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
             if self.args.kl_anchor_beta:
