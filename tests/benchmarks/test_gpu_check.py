@@ -22,6 +22,7 @@ REQUIRED_KEYS = [
     "speedup_2_processes",
     "memory_bytes_per_param_es_colocate",
     "memory_bytes_per_param_es_colocate_compensated",
+    "memory_bytes_per_param_es_colocate_offloaded",
     "speedup_2_servers",
     "tp2_over_tp1_step_time_ratio",
 ]

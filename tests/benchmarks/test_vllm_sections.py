@@ -36,15 +36,19 @@ def test_servers_times_es_steps_over_one_real_server_and_over_two():
 def test_colocate_memory_measures_what_es_adds_to_the_same_engine_for_each_master():
     result = bench_result("colocate_memory")
     outcome = result["colocate_memory"]
-    float32, compensated = outcome["es"]["float32"], outcome["es"]["compensated_bfloat16"]
-    assert float32["engines_alike"] and compensated["engines_alike"]  # the engine-only baseline is ES's engine
+    runs = outcome["es"]
+    float32, compensated, offloaded = runs["float32"], runs["compensated_bfloat16"], runs["float32, host"]
+    assert all(es["engines_alike"] for es in runs.values())  # the engine-only baseline is ES's engine
     assert float32["engine"]["dtype"] == "bfloat16"
-    # What the trainer holds beside the engine: the bf16 model and a float32 master, or the compensated residual.
-    assert float32["held_bytes_per_param"] == 6 and compensated["held_bytes_per_param"] == 4
-    for es in (float32, compensated):
+    # What the trainer holds beside the engine: the bf16 model and a float32 master, or the compensated residual;
+    # on the CPU the host master is held where the accelerator's would be.
+    assert float32["held_bytes_per_param"] == offloaded["held_bytes_per_param"] == 6
+    assert compensated["held_bytes_per_param"] == 4
+    for es in runs.values():
         assert es["added_bytes"] >= es["model_bytes"] + es["master_bytes"]
     assert result["memory_bytes_per_param_es_colocate"] == float32["bytes_per_param"]
     assert result["memory_bytes_per_param_es_colocate_compensated"] == compensated["bytes_per_param"]
+    assert result["memory_bytes_per_param_es_colocate_offloaded"] == offloaded["bytes_per_param"]
     assert result["skipped"]["tensor_parallel"] == "not among --sections"
 
 
