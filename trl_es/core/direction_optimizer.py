@@ -61,7 +61,7 @@ class DirectionOptimizer:
     Args:
         settings (`DirectionOptimizerSettings`): which optimizer and its constants.
         offload (`bool`, *optional*, defaults to `False`): Keep the state in host memory (`ESConfig.offload_master`):
-            each tensor's state is computed with on the direction's device and written back.
+            each tensor's state is computed on the direction's device and written back.
     """
 
     def __init__(self, settings: DirectionOptimizerSettings = DirectionOptimizerSettings(), offload: bool = False):
