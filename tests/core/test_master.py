@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from trl_es.core.lowrank import LowRankMasterWeights
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import Member, parameter_noise
 
@@ -69,6 +70,22 @@ def test_a_shared_master_updates_float32_parameters_in_place_and_copies_the_othe
     before = parameters["w"].clone()
     master.apply_update({7: 1.0}, lr=0.1)
     assert not torch.equal(parameters["w"], before)  # the update landed in the parameter itself
+
+
+@pytest.mark.parametrize("kind", ["float32", "lowrank"])  # a compensated pair's split reads values: not on "meta"
+def test_a_master_built_for_another_device_holds_copies_there_and_shares_no_parameter(kind):
+    # A model kept in host memory gets its master on the accelerator; "meta" stands in for it on this CPU machine.
+    parameters = {"w": torch.randn(4, 3), "b": torch.randn(3).to(torch.bfloat16)}
+    build = {
+        "float32": lambda: MasterWeights(parameters, 0.1, share_float32=True, device="meta"),
+        "lowrank": lambda: LowRankMasterWeights(parameters, 0.1, {"w"}, rank=1, share_float32=True, device="meta"),
+    }
+    master = build[kind]()
+    assert master.device == torch.device("meta")
+    assert {name: tensor.device.type for name, tensor in master.tensors.items()} == {"w": "meta", "b": "meta"}
+    assert master.shared == set()  # a parameter on another device cannot be its own master
+    assert master.nbytes() == 4 * (12 + 3)  # float32 for every element
+    assert all(param.device.type == "cpu" for param in parameters.values())
 
 
 def test_a_saved_master_of_a_broadcastable_shape_is_refused():

@@ -87,6 +87,7 @@ def build_population(
     resumed=None,
     update_shards: UpdateShards | None = None,
     engine_group=None,
+    device: torch.device | None = None,
 ) -> Population:
     """The master of `model`'s evolving parameters (`requires_grad=True`) and the backend `args` asks for.
 
@@ -101,6 +102,8 @@ def build_population(
         update_shards ([`UpdateShards`], *optional*): With several processes, how they share computing the update.
         engine_group (`torch.distributed.ProcessGroup`, *optional*): The processes that share a tensor-parallel
             colocated engine.
+        device (`torch.device`, *optional*): Where the master lives and the update is computed: by default the
+            model's device; the accelerator for a model kept in host memory.
     """
     parameters = evolving_parameters(model)
     vllm_mode = args.vllm_mode if args.use_vllm else None
@@ -111,19 +114,21 @@ def build_population(
 
         # LoRA adapters perturb the decoder's projections; everything else stays fixed (checked at construction).
         targets = set(lora_target_parameters(model)) & set(parameters)
-        master = LowRankMasterWeights(parameters, args.sigma, targets, args.lowrank_rank, "frozen", share)
+        master = LowRankMasterWeights(parameters, args.sigma, targets, args.lowrank_rank, "frozen", share, device)
     elif lowrank:
         master = LowRankMasterWeights.from_model(
-            model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share
+            model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share, device
         )
     elif engine_group is not None:  # a tensor-parallel engine's processes each keep their share of the master
         shapes = {name: param.shape for name, param in parameters.items()}
         shards = EngineShards(engine_group, shapes)
-        master = ShardedMasterWeights(parameters, args.sigma, shards, share_float32=share, offload=args.offload_master)
+        master = ShardedMasterWeights(
+            parameters, args.sigma, shards, share_float32=share, offload=args.offload_master, device=device
+        )
     elif args.master_dtype == "compensated_bfloat16":
-        master = CompensatedMasterWeights(parameters, args.sigma, share_bfloat16=share)
+        master = CompensatedMasterWeights(parameters, args.sigma, share_bfloat16=share, device=device)
     else:
-        master = MasterWeights(parameters, args.sigma, share_float32=share, offload=args.offload_master)
+        master = MasterWeights(parameters, args.sigma, share_float32=share, offload=args.offload_master, device=device)
     master.optimizer = DirectionOptimizer(direction_optimizer_settings(args), offload=args.offload_master)
     if resumed is not None:
         if resumed.lossy_masters:

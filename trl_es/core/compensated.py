@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from .direction_optimizer import DirectionOptimizer
-from .master import MasterWeights
+from .master import MasterWeights, master_device
 
 
 def split(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,15 +80,23 @@ class CompensatedMasterWeights(MasterWeights):
             Use bfloat16 parameters themselves as the `high` half of their pair, so that the master adds only the
             residual (2 bytes per parameter, where a float32 master adds 4) and updates land in them directly. Only
             valid when the parameters always hold the centre (members are generated elsewhere, as in vLLM).
+        device (`torch.device` or `str`, *optional*): As in [`MasterWeights`].
     """
 
-    def __init__(self, parameters: dict[str, torch.Tensor], sigma: float, share_bfloat16: bool = False):
+    def __init__(
+        self,
+        parameters: dict[str, torch.Tensor],
+        sigma: float,
+        share_bfloat16: bool = False,
+        device: torch.device | str | None = None,
+    ):
         self.sigma = sigma
         self.optimizer = DirectionOptimizer()
+        self.device = master_device(parameters, device)
         self.pairs = {
             name: (param.detach(), torch.zeros_like(param.detach()))  # a bfloat16 value is its own pair
-            if share_bfloat16 and param.dtype == torch.bfloat16
-            else split(param.detach())
+            if share_bfloat16 and param.dtype == torch.bfloat16 and param.device == self.device
+            else split(param.detach().to(self.device))
             for name, param in parameters.items()
         }
         self.shared = {
@@ -96,7 +104,6 @@ class CompensatedMasterWeights(MasterWeights):
         }
         self.tensors = JoinedTensors(self.pairs)
         self.shapes = {name: param.shape for name, param in parameters.items()}
-        self.device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
     def nbytes(self) -> int:

@@ -102,6 +102,7 @@ class LowRankMasterWeights(MasterWeights):
         share_float32 (`bool`, *optional*, defaults to `False`):
             See [`MasterWeights`]: float32 parameters serve as their own master (the batched population never writes
             weights, so the model always holds the centre).
+        device (`torch.device` or `str`, *optional*): As in [`MasterWeights`].
     """
 
     def __init__(
@@ -112,6 +113,7 @@ class LowRankMasterWeights(MasterWeights):
         rank: int,
         other_parameters: str = "full",
         share_float32: bool = False,
+        device: torch.device | str | None = None,
     ):
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"The low-rank perturbation needs an integer rank >= 1, got rank={rank!r}.")
@@ -124,7 +126,7 @@ class LowRankMasterWeights(MasterWeights):
                 f"Low-rank names must be 2-D evolving parameters; unknown {unknown[:5]}, not 2-D {not_matrices[:5]}. "
                 "Build them with `lowrank_parameter_names(model, parameters)`."
             )
-        super().__init__(parameters, sigma, share_float32)
+        super().__init__(parameters, sigma, share_float32, device=device)
         self.lowrank_names = frozenset(lowrank_names)
         self.rank = rank
         self.other_parameters = other_parameters
@@ -138,11 +140,12 @@ class LowRankMasterWeights(MasterWeights):
         rank: int,
         other_parameters: str = "full",
         share_float32: bool = False,
+        device: torch.device | str | None = None,
     ) -> LowRankMasterWeights:
         """The master of `parameters` (named as in `model.named_parameters()`), with the model's Linear and Embedding
         weights low-rank."""
         names = lowrank_parameter_names(model, list(parameters))
-        return cls(parameters, sigma, names, rank, other_parameters, share_float32)
+        return cls(parameters, sigma, names, rank, other_parameters, share_float32, device)
 
     def is_frozen(self, name: str) -> bool:
         return name not in self.lowrank_names and self.other_parameters == "frozen"

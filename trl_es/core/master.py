@@ -33,22 +33,32 @@ class MasterWeights:
             directly. Only valid when the parameters always hold the centre (members are generated elsewhere): it
             saves a float32 copy of the model.
         offload (`bool`, *optional*, defaults to `False`):
-            Keep the master in host memory (`trl_es.core.host_memory`); everything is still computed on the
-            parameters' device, one tensor at a time, with the same results.
+            Keep the master in host memory (`trl_es.core.host_memory`); everything is still computed on `device`,
+            one tensor at a time, with the same results.
+        device (`torch.device` or `str`, *optional*):
+            Where the master lives and is computed: by default the parameters' device. A model kept in host memory
+            gets its master on the accelerator, copied there one tensor at a time (a parameter on another device is
+            never shared).
     """
 
     def __init__(
-        self, parameters: dict[str, torch.Tensor], sigma: float, share_float32: bool = False, offload: bool = False
+        self,
+        parameters: dict[str, torch.Tensor],
+        sigma: float,
+        share_float32: bool = False,
+        offload: bool = False,
+        device: torch.device | str | None = None,
     ):
         self.sigma = sigma
         self.optimizer = DirectionOptimizer(offload=offload)  # `build_population` sets `ESConfig.es_optimizer`'s
-        self.device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
+        self.device = master_device(parameters, device)
         if offload:
             self.tensors = HostTensors({name: host_copy(param) for name, param in parameters.items()}, self.device)
         else:
-            shares = {name for name, param in parameters.items() if share_float32 and param.dtype == torch.float32}
             self.tensors = {
-                name: param.detach() if name in shares else param.detach().float().clone()
+                name: param.detach()
+                if share_float32 and is_float32_on(param, self.device)
+                else float32_copy(param, self.device)
                 for name, param in parameters.items()
             }
         self.shapes = {name: param.shape for name, param in parameters.items()}
@@ -217,3 +227,20 @@ class MasterWeights:
         for name, master in self.tensors.items():
             master.copy_(tensors[name])
             self._written(name, master)
+
+
+def master_device(parameters: dict[str, torch.Tensor], device: torch.device | str | None) -> torch.device:
+    """`device`, or the parameters' device when it is None (the CPU for no parameters)."""
+    if device is not None:
+        return torch.device(device)
+    return next(iter(parameters.values())).device if parameters else torch.device("cpu")
+
+
+def is_float32_on(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether `tensor` can serve as its own float32 master on `device`."""
+    return tensor.dtype == torch.float32 and tensor.device == device
+
+
+def float32_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A float32 copy of `tensor` on `device` (made there from a tensor on another device, one tensor at a time)."""
+    return tensor.detach().to(device=device, dtype=torch.float32, copy=True)

@@ -15,7 +15,7 @@ import torch
 
 from .direction_optimizer import STATE_SUFFIXES
 from .guards import NonFiniteError
-from .master import MasterWeights
+from .master import MasterWeights, master_device
 from .noise import Member
 from .update_shards import UpdateShards
 
@@ -63,6 +63,7 @@ class ShardedMasterWeights(MasterWeights):
         shards ([`EngineShards`]): Who owns which tensor.
         share_float32 (`bool`, *optional*, defaults to `False`): As in [`MasterWeights`], for the owned tensors.
         offload (`bool`, *optional*, defaults to `False`): As in [`MasterWeights`]: the owned tensors in host memory.
+        device (`torch.device` or `str`, *optional*): As in [`MasterWeights`].
     """
 
     def __init__(
@@ -72,10 +73,11 @@ class ShardedMasterWeights(MasterWeights):
         shards: EngineShards,
         share_float32: bool = False,
         offload: bool = False,
+        device: torch.device | str | None = None,
     ):
         owned = {name: param for name, param in parameters.items() if shards.owns(name)}
-        super().__init__(owned, sigma, share_float32=share_float32, offload=offload)
-        self.device = next(iter(parameters.values())).device  # a process may own no tensor
+        device = master_device(parameters, device)  # a process may own no tensor
+        super().__init__(owned, sigma, share_float32=share_float32, offload=offload, device=device)
         self.shards = shards
         self.parameters = parameters
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
