@@ -62,6 +62,15 @@ def test_es_trains_with_colocated_vllm(colocate_run):
     assert len(moved) == len(start)  # the trainer's model follows the master
 
 
+def test_the_model_is_never_placed_on_the_accelerator_and_the_master_is_built_there(colocate_run):
+    # On this CPU machine host and accelerator are one: what is checked is the trainer's decisions.
+    trainer, _ = colocate_run
+    assert trainer.place_model_on_device is False  # the Trainer did not move it at construction
+    assert trainer.model_wrapped is trainer.model  # nor did `accelerator.prepare` wrap it at train
+    assert all(p.device.type == "cpu" for p in trainer.model.parameters())
+    assert trainer.population.master.device == trainer.args.device
+
+
 def test_engine_holds_the_trained_centre(colocate_run):
     trainer, _ = colocate_run
     backend = trainer.population.backend

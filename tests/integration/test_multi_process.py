@@ -58,6 +58,9 @@ def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, b
     assert two.returncode == 0, two.stderr[-3000:]
     assert (tmp_path / "two" / "num_processes").read_text() == "2"
     assert_same_run(one_process_runs(backend), tmp_path / "two")
+    # No DDP: it would hold a gradient buffer the size of the evolving parameters that ES never fills.
+    wrapped = {(tmp_path / "two" / f"wrapped_rank{rank}").read_text() for rank in range(2)}
+    assert wrapped == {"Qwen2ForCausalLM"}
 
 
 @pytest.mark.slow

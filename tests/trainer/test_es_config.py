@@ -16,6 +16,15 @@ def test_es_defaults_follow_the_anchor_paper(tmp_path):
     assert config.lr_scheduler_type == "constant"
 
 
+@pytest.mark.parametrize(
+    ("fields", "placed"),
+    [({}, None), ({"use_vllm": True}, False), ({"use_vllm": True, "offload_model": False}, None)],
+)
+def test_only_a_model_kept_in_host_memory_is_never_placed_on_the_accelerator(tmp_path, fields, placed):
+    # `TrainingArguments.place_model_on_device`: None lets the Trainer decide (it places the model).
+    assert ESConfig(str(tmp_path), **fields).place_model_on_device is placed
+
+
 def test_is_a_grpo_config_so_every_grpo_field_is_accepted(tmp_path):
     config = ESConfig(str(tmp_path), max_completion_length=32, top_p=0.9, reward_weights=[1.0], vllm_mode="colocate")
     assert isinstance(config, GRPOConfig)

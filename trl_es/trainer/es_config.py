@@ -129,11 +129,13 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             per parameter) and each update's tensors both ways. Not with `perturbation="lowrank"` or
             `master_dtype="compensated_bfloat16"`; a vLLM server's worker keeps its own master on its GPU.
         offload_model (`bool`, *optional*, defaults to `True`):
-            When vLLM generates (`use_vllm=True`), keep the trainer's model in host memory once the population is
-            built: members are evaluated by the engine, so the accelerator holds the engine and the master only. The
-            model still follows the centre after every update (checkpoints, evaluation and callbacks read it there)
-            and stays in host memory after training (`trainer.model.to(device)` brings it back). Set `False` for a
-            callback that runs the model on the accelerator.
+            When vLLM generates (`use_vllm=True`), keep the trainer's model in host memory: it is loaded there and
+            never put on the accelerator whole (a model passed already on it moves to host memory when the population
+            is built); the master is built on the accelerator one tensor at a time, and the members are evaluated by
+            the engine, so the accelerator holds the engine and the master only. The model still follows the centre
+            after every update (checkpoints, evaluation and callbacks read it there) and stays in host memory after
+            training (`trainer.model.to(device)` brings it back). Set `False` for a callback that runs the model on
+            the accelerator.
         noise_seed (`int`, *optional*):
             Seed of the members' noise and of their shared sampling seeds; `seed` when unset. `SequentialTrainer`
             gives every ES stage after the first its own, so that stages do not replay each other's members.
@@ -315,8 +317,8 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
     offload_model: bool = field(
         default=True,
         metadata={
-            "help": "With vLLM generating, keep the trainer's model in host memory (it follows the centre after "
-            "every update); the accelerator holds the engine and the master."
+            "help": "With vLLM generating, keep the trainer's model in host memory, never on the accelerator whole "
+            "(it follows the centre after every update); the accelerator holds the engine and the master."
         },
     )
 
@@ -463,6 +465,17 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
     def members_per_generate_call(self) -> int:
         """Low-rank members generating together in one call: `population_batch_size`, else all of a process's."""
         return self.population_batch_size or self.population_size // max(self.world_size, 1)
+
+    @property
+    def model_in_host_memory(self) -> bool:
+        """Whether the trainer's model stays in host memory (`offload_model` while vLLM generates)."""
+        return self.use_vllm and self.offload_model
+
+    @property
+    def place_model_on_device(self) -> bool | None:
+        """`Trainer`'s hook (a `TrainingArguments` property): `False` for a model kept in host memory, which is then
+        loaded there and never put on the accelerator whole; `None` (the Trainer decides) otherwise."""
+        return False if self.model_in_host_memory else None
 
     @property
     def vllm_server_urls(self) -> list[str]:

@@ -25,6 +25,7 @@ from ..backends.base import PhaseTimer
 from ..backends.hf import TokenIds
 from ..backends.population import Population, build_population, engine_setup, evolving_parameters
 from ..backends.sampling import SamplingSettings
+from ..compat.accelerate import prepare_without_ddp
 from ..compat.transformers import TrainerHooks
 from ..compat.trl import (
     TrainerTags,
@@ -204,6 +205,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 rollout_func=rollout_func,
                 environment_factory=environment_factory,
             )
+        # ES reduces no gradients: the model is never wrapped in DDP, and one kept in host memory is never moved.
+        prepare_without_ddp(self.accelerator, lambda module: module is self.model, place=not args.model_in_host_memory)
         # GRPO's `tools`: the given tools and the environments' methods.
         self.agents = AgentRollouts(tools, environment_factory, rollout_func, uses_tools=bool(self.tools))
         self.agents.check_settings(args)
@@ -242,6 +245,11 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             model = self.accelerator.unwrap_model(self.model)
             origin = f" (from {resumed.checkpoint})" if resumed else ""
             check_finite_tensors(evolving_parameters(model), f"The model's evolving weights{origin}")
+            if self.args.model_in_host_memory:
+                # The engine evaluates every member: the accelerator keeps the engine and the master, and the model
+                # follows the centre in host memory (the copy `Population.apply_update` makes after each update). It
+                # was loaded there; this moves one passed on the accelerator, before the master is built from it.
+                model.to("cpu")
             self._population = build_population(
                 self.args,
                 model,
@@ -250,11 +258,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 resumed=resumed,
                 update_shards=self._update_shards(),
                 engine_group=colocated_engine_group(self),
+                device=self.args.device if self.args.model_in_host_memory else None,  # else the model's
             )
-            if self.args.use_vllm and self.args.offload_model:
-                # The engine evaluates every member: the accelerator keeps the engine and the master, and the model
-                # follows the centre in host memory (the copy `Population.apply_update` makes after each update).
-                model.to("cpu")
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
             if self.args.kl_anchor_beta:
