@@ -7,10 +7,11 @@ Used by tests/integration/test_multi_process.py and tests/integration/test_multi
 Each process gets B / P prompts from the dataloader, so every run sees B prompts per step. With --corrupt_rank R, that
 rank's master is nudged after the first step, which the rank agreement check must catch. With --es_optimizer, each
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`; every rank also writes
-the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it); --save_steps writes
-checkpoints, and --resume_from continues one. With --vllm_servers URLS the members generate in `trl-es vllm-serve`
-servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes); --kill_server_group G
-makes the last rank SIGKILL process group G during step 1 (after its generation, before its update).
+the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it);
+--save_steps writes checkpoints, and --resume_from continues one. With --vllm_servers URLS the members generate in
+`trl-es vllm-serve` servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes);
+--kill_server_group G makes the last rank SIGKILL process group G during step 1 (after its generation, before its
+update).
 """
 
 import argparse
