@@ -147,6 +147,16 @@ def test_ranks_that_diverge_fail_naming_the_step(tmp_path, tiny_model_path):
     assert "At step 2 the processes' ES masters disagree" in run.stdout + run.stderr
 
 
+@pytest.mark.slow
+def test_ranks_that_start_from_different_weights_fail_before_the_first_step(tmp_path, tiny_model_path):
+    """No DistributedDataParallel copies rank 0's weights to the others, so the masters are compared as soon as they
+    are built (the message of step 0), not one step of different members later."""
+    run = launch(2, tiny_model_path, tmp_path / "apart", "--start_apart_rank", 1)
+    assert run.returncode != 0
+    assert "The processes start from different weights" in run.stdout + run.stderr
+    assert "At step 1" not in run.stdout + run.stderr
+
+
 DEEPSPEED_SCRIPT = SCRIPTS / "train_under_deepspeed.py"
 
 

@@ -5,7 +5,8 @@ Used by tests/integration/test_multi_process.py and tests/integration/test_multi
 (`--multi_gpu` starts P processes with torch.distributed; `use_cpu=True` in the config makes them CPU/gloo ranks.
 `accelerate launch --cpu --num_processes P` starts a single process unless mpirun is set up.)
 Each process gets B / P prompts from the dataloader, so every run sees B prompts per step. With --corrupt_rank R, that
-rank's master is nudged after the first step, which the rank agreement check must catch. With --es_optimizer, each
+rank's master is nudged after the first step, which the rank agreement check must catch; with --start_apart_rank R,
+that rank's model is nudged before training, which the check at the start must catch. With --es_optimizer, each
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`; every rank also writes
 the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it);
 --save_steps writes checkpoints, and --resume_from continues one. With --vllm_servers URLS the members generate in
@@ -75,6 +76,7 @@ def main():
     parser.add_argument("output_dir")
     parser.add_argument("--prompts_per_step", type=int, default=8)
     parser.add_argument("--corrupt_rank", type=int, default=None)
+    parser.add_argument("--start_apart_rank", type=int, default=None)
     parser.add_argument("--use_vllm", action="store_true", help="Generate with one colocated vLLM engine per process.")
     parser.add_argument("--tensor_parallel_size", type=int, default=1, help="With --use_vllm: processes per engine.")
     parser.add_argument("--es_optimizer", default="sgd")
@@ -114,6 +116,9 @@ def main():
     trainer_box.append(trainer)
     if cli.corrupt_rank is not None:
         trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))
+    if cli.start_apart_rank == trainer.accelerator.process_index:  # as a model built unseeded on each rank would
+        with torch.no_grad():
+            next(trainer.model.parameters()).view(-1)[0] += 1e-3
     trainer.train(resume_from_checkpoint=cli.resume_from)
     rank = trainer.accelerator.process_index
     held = sum(tensor.numel() for tensor in trainer.population.master.optimizer.state_dict().values())

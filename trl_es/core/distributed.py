@@ -149,7 +149,8 @@ def master_fingerprint(master: MasterWeights) -> list[int]:
 
 def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int) -> None:
     """Fail loudly if the processes' masters are not bitwise identical (each tensor compared between the processes
-    that hold it: all of them, or its owners where a master is split over an engine's processes)."""
+    that hold it: all of them, or its owners where a master is split over an engine's processes). Step 0 is the start:
+    the masters just built from each process's model."""
     if accelerator.num_processes == 1:
         return
     per_process = gather_object([dict(zip(master.tensors, master_fingerprint(master), strict=True))])
@@ -158,6 +159,13 @@ def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int
         for name, value in fingerprints.items():
             values.setdefault(name, set()).add(value)
     differing = [name for name, seen in values.items() if len(seen) > 1]
+    if differing and step == 0:
+        raise RuntimeError(
+            f"The processes start from different weights ({len(differing)} tensors differ between ranks, first "
+            f"{differing[:3]}). ES wraps the model in no DistributedDataParallel, which would copy rank 0's weights "
+            "to the others: build the model the same on every process (load it from a checkpoint, or call "
+            "transformers.set_seed before creating it)."
+        )
     if differing:
         raise RuntimeError(
             f"At step {step} the processes' ES masters disagree ({len(differing)} tensors differ between ranks, "

@@ -260,6 +260,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 engine_group=colocated_engine_group(self),
                 device=self.args.device if self.args.model_in_host_memory else None,  # else the model's
             )
+            check_ranks_agree(self.accelerator, self._population.master, step=0)  # no DDP broadcast evens them
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
             if self.args.kl_anchor_beta:
