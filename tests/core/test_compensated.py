@@ -90,3 +90,10 @@ def test_a_pair_left_on_a_tie_moves_high_to_where_a_cast_rounds():
     # ...but the rest, 2^-8 - 2^-20, rounds to 2^-8 in bfloat16: the pair sits on the tie, and high moves up
     assert join(high, low).item() == odd + 2.0**-8
     assert high.item() == 1.0 + 2.0**-6 and torch.equal(join(high, low).bfloat16(), high)
+
+
+def test_a_bfloat16_parameter_on_the_cpu_named_with_an_index_is_the_value_half():
+    # ESTrainer passes `args.device`, which Accelerate names cpu:0 in a CPU process where LOCAL_RANK is set.
+    parameter = torch.randn(4, 3).to(torch.bfloat16)
+    master = CompensatedMasterWeights({"w": parameter}, 0.1, share_bfloat16=True, device="cpu:0")
+    assert master.holds("w", parameter) and master.nbytes() == 2 * parameter.numel()

@@ -88,6 +88,14 @@ def test_a_master_built_for_another_device_holds_copies_there_and_shares_no_para
     assert all(param.device.type == "cpu" for param in parameters.values())
 
 
+def test_the_cpu_with_an_index_is_the_cpu_whose_float32_parameters_the_master_shares():
+    # ESTrainer passes `args.device`, which Accelerate names cpu:0 in a CPU process where LOCAL_RANK is set.
+    parameters = {"w": torch.randn(4, 3), "b": torch.randn(3).to(torch.bfloat16)}
+    master = MasterWeights(parameters, 0.1, share_float32=True, device="cpu:0")
+    assert master.device == torch.device("cpu") and master.shared == {"w"}
+    assert master.holds("w", parameters["w"]) and not master.holds("b", parameters["b"])
+
+
 def test_a_saved_master_of_a_broadcastable_shape_is_refused():
     master = MasterWeights({"norm.weight": torch.ones(4)}, sigma=0.1)
     with pytest.raises(ValueError, match=r"'norm.weight' is a torch.float32 tensor of shape \(1,\)"):

@@ -230,9 +230,11 @@ class MasterWeights:
 
 
 def master_device(parameters: dict[str, torch.Tensor], device: torch.device | str | None) -> torch.device:
-    """`device`, or the parameters' device when it is None (the CPU for no parameters)."""
+    """`device`, or the parameters' device when it is None (the CPU for no parameters). The CPU is one device whatever
+    its index: Accelerate names it `cpu:<LOCAL_RANK>` where LOCAL_RANK is set, and CPU tensors say `cpu`."""
     if device is not None:
-        return torch.device(device)
+        device = torch.device(device)
+        return torch.device("cpu") if device.type == "cpu" else device
     return next(iter(parameters.values())).device if parameters else torch.device("cpu")
 
 
