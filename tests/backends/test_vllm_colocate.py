@@ -17,6 +17,7 @@ from scripts.ragged_rows import MEMBER_0, MEMBER_1, generated_alone, ragged_rows
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.base import RowRequest  # noqa: E402
 from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
+from trl_es.core.master import master_device  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
 from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
 from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
@@ -68,7 +69,8 @@ def test_the_model_is_never_placed_on_the_accelerator_and_the_master_is_built_th
     assert trainer.place_model_on_device is False  # the Trainer did not move it at construction
     assert trainer.model_wrapped is trainer.model  # nor did `accelerator.prepare` wrap it at train
     assert all(p.device.type == "cpu" for p in trainer.model.parameters())
-    assert trainer.population.master.device == trainer.args.device
+    # the accelerator (Accelerate names the CPU cpu:<LOCAL_RANK> once an engine in this process has set LOCAL_RANK)
+    assert trainer.population.master.device == master_device({}, trainer.args.device)
 
 
 def test_engine_holds_the_trained_centre(colocate_run):
