@@ -232,3 +232,12 @@ def test_a_tensor_parallel_colocated_engine_needs_whole_groups_of_processes_and_
         ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2,
                  master_dtype="compensated_bfloat16")  # fmt: skip
     assert ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate").vllm_tensor_parallel_size == 1
+
+
+def test_fsdp_is_refused_naming_the_setting_and_the_layout_for_large_models(tmp_path, monkeypatch):
+    # Accelerate would wrap the model in FSDP at train (prepare_model's evaluation mode skips it, FSDP2 does not).
+    with pytest.raises(NotImplementedError, match=r"under FSDP \(fsdp=.*vllm_tensor_parallel_size.*multi_gpu.yaml"):
+        ESConfig(output_dir=str(tmp_path), fsdp=True)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets for an FSDP config
+    with pytest.raises(NotImplementedError, match=r"under FSDP \(ACCELERATE_USE_FSDP=true\)"):
+        ESConfig(output_dir=str(tmp_path))

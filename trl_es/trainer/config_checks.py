@@ -3,13 +3,14 @@ is validated. Trainers and backends read the config; they do not check it again.
 
 Each error names the value and says how to fix it. `check_before_grpo` runs before `GRPOConfig.__post_init__` (so a
 bad ES value is named before GRPO's own checks trip over it), `check_after_grpo` after it, once the number of
-processes and the DeepSpeed plugin are known.
+processes, the DeepSpeed plugin and FSDP are known.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
 import warnings
 from collections.abc import Callable
 
@@ -48,12 +49,22 @@ def check_again_at_train(config) -> None:
 
 
 def check_after_grpo(config) -> None:
-    """The checks that need the launch: processes and DeepSpeed, and the backend combinations they allow."""
+    """The checks that need the launch: processes, DeepSpeed and FSDP, and the backend combinations they allow."""
     if config.deepspeed_plugin is not None:
         raise NotImplementedError(
             "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
             "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
             "e.g. with examples/accelerate_configs/multi_gpu.yaml."
+        )
+    launched_with_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"  # `accelerate launch`'s
+    if config.fsdp_plugin_args is not None or launched_with_fsdp:
+        setting = f"fsdp={config.fsdp!r}" if config.fsdp_plugin_args is not None else "ACCELERATE_USE_FSDP=true"
+        raise NotImplementedError(
+            f"ESTrainer does not run under FSDP ({setting}): ES keeps no gradients or optimizer state for FSDP to "
+            "shard, and FSDP would shard the weights that every member perturbs. For a model larger than one GPU, "
+            "generate with vLLM and set vllm_tensor_parallel_size (an engine's processes split the master between "
+            "them) and, if needed, offload_master=True; launch ES stages without FSDP, e.g. with "
+            "examples/accelerate_configs/multi_gpu.yaml."
         )
     _check_backend(config)
     check_population_divides(config.population_size, config.world_size, engine_group_size(config))
