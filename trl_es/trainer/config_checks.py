@@ -14,6 +14,8 @@ import os
 import warnings
 from collections.abc import Callable
 
+from accelerate.utils import parse_flag_from_env
+
 from ..backends.server_urls import check_server_urls
 from ..core.direction_optimizer import DirectionOptimizerSettings
 from ..core.distributed import check_population_divides
@@ -56,9 +58,12 @@ def check_after_grpo(config) -> None:
             "and ZeRO-3 would shard the weights that every member perturbs. Launch ES stages without DeepSpeed, "
             "e.g. with examples/accelerate_configs/multi_gpu.yaml."
         )
-    launched_with_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"  # `accelerate launch`'s
-    if config.fsdp_plugin_args is not None or launched_with_fsdp:
-        setting = f"fsdp={config.fsdp!r}" if config.fsdp_plugin_args is not None else "ACCELERATE_USE_FSDP=true"
+    # `accelerate launch` with an FSDP config sets the variable; Accelerate reads it with this function
+    if config.fsdp_plugin_args is not None or parse_flag_from_env("ACCELERATE_USE_FSDP"):
+        if config.fsdp_plugin_args is not None:
+            setting = f"fsdp={config.fsdp!r}"
+        else:
+            setting = f"ACCELERATE_USE_FSDP={os.environ['ACCELERATE_USE_FSDP']}"
         raise NotImplementedError(
             f"ESTrainer does not run under FSDP ({setting}): ES keeps no gradients or optimizer state for FSDP to "
             "shard, and FSDP would shard the weights that every member perturbs. For a model larger than one GPU, "
