@@ -16,6 +16,7 @@ from scripts.ragged_rows import MEMBER_0, MEMBER_1, generated_alone, ragged_rows
 
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.base import RowRequest  # noqa: E402
+from trl_es.backends.vllm_colocate import VLLMColocateBackend  # noqa: E402
 from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
 from trl_es.core.master import master_device  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
@@ -146,6 +147,32 @@ def test_colocate_rows_of_ragged_members_generate_what_each_member_generates_alo
     assert as_centre != together  # the members really generate differently
     assert backend.generate_center(probe_prompts(trainer), trainer.sampling, 11) == centre
     backend.check_consistency(step=trainer.state.global_step)  # the engine holds the centre again
+
+
+def test_a_tensor_parallel_engine_written_after_its_check_fails_at_the_next_load_naming_the_step(colocate_run):
+    """A tensor-parallel engine's check fingerprints its shards while they hold the centre, and the next write into
+    the engine compares them first. (The engine here has one rank; its process group stands for the engine's.)"""
+    trainer, _ = colocate_run
+    backend = trainer.population.backend
+    sharded = VLLMColocateBackend(backend.llm, backend.master, engine_group=torch.distributed.group.WORLD)
+    sharded.load_center()
+    sharded.check_consistency(step=3)
+    sharded.load_member(MEMBER_0)  # nothing wrote into the engine in between
+    sharded.load_center()
+    sharded.check_consistency(step=4)
+    name, parameter = next(iter(sharded.engine_model.named_parameters()))
+    first = parameter.view(-1)[0].item()
+    try:
+        with torch.no_grad():
+            parameter.view(-1)[0] += 1.0  # as a callback writing into the engine between steps would
+        with pytest.raises(RuntimeError, match=rf"After step 4 .*rank 0 of the engine: \['{name}'\]"):
+            sharded.load_member(MEMBER_0)
+        sharded.load_member(MEMBER_0)  # reported once: the next write is the trainer's own again
+    finally:
+        with torch.no_grad():
+            parameter.view(-1)[0] = first
+        backend.load_center()
+    backend.check_consistency(step=trainer.state.global_step)  # the trainer's engine holds the centre again
 
 
 def test_colocate_rows_of_any_member_with_one_prompt_and_seed_share_their_random_numbers(colocate_run):

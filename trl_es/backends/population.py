@@ -176,7 +176,7 @@ def _colocate_backend(llm, master, model, lowrank: bool, engine_group=None):
     else:
         backend = VLLMColocateBackend(llm, master, model, engine_group)
     # The engine loaded the checkpoint from disk; the run starts from the trainer's weights.
-    backend.load_weights(model.named_parameters(), centre=True)
+    backend.load_weights(model.named_parameters())
     return backend
 
 

@@ -44,28 +44,31 @@ class VLLMColocateBackend(OneMemberAtATime):
         self.master = master
         self.reference_model = reference_model
         self.engine_group = engine_group
-        self._loaded_centre: dict[str, object] = {}  # with engine_group: the shards' fingerprints at the centre
+        # With engine_group: the shards' fingerprints when a check found the centre loaded, and that check's step;
+        # the next write into the engine compares them first.
+        self._checked_centre: tuple[int, dict[str, object]] | None = None
         self.engine_model = engine_model(llm)
         self.dtype = next(self.engine_model.parameters()).dtype
         self.weights_tag = uuid.uuid4().hex  # changes with every load: the prefix cache salt
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], centre: bool = False) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write Hugging Face-named tensors (any dtype) into the engine, and drop the KV blocks cached under the
         weights it held: this backend's requests carry the new `weights_tag` as their cache salt, but a user's
         rollout function generating through the engine sends none (issue 28: it read the previous member's blocks).
-        Nothing cached under other weights could be used anyway. `centre`: the tensors are the centre's, which a
-        tensor-parallel engine's check compares with later."""
+        Nothing cached under other weights could be used anyway. A tensor-parallel engine's shards are first compared
+        with their fingerprint from the last check (see `check_consistency`)."""
+        checked, self._checked_centre = self._checked_centre, None
+        if checked is not None:
+            self._check_shards_unchanged(*checked)
         self.engine_model.load_weights((name, tensor.to(self.dtype)) for name, tensor in named_tensors)
         self.weights_tag = uuid.uuid4().hex
         self.llm.reset_prefix_cache()
-        if centre and self.engine_group is not None:
-            self._loaded_centre = engine_fingerprint(self.engine_model.named_parameters())
 
     def load_member(self, member: Member) -> None:
         self.load_weights(self.master.perturbed(member))
 
     def load_center(self) -> None:
-        self.load_weights(self.master.centre(), centre=True)
+        self.load_weights(self.master.centre())
 
     def generate_center(self, prompt_ids, sampling, seed):
         """Completions with the weights the engine holds (the centre, between calls)."""
@@ -106,10 +109,11 @@ class VLLMColocateBackend(OneMemberAtATime):
         self.load_center()  # the trainer's master is this engine's master
 
     def check_consistency(self, step: int) -> None:
-        """Fail loudly if the engine does not hold the trainer's model's weights (the centre), compared layout-free;
-        a tensor-parallel engine, if any rank's shards changed since the centre was last loaded."""
+        """Fail loudly if the engine does not hold the trainer's model's weights (the centre), compared layout-free.
+        A tensor-parallel engine's shards are fingerprinted instead, and the next write into the engine fails loudly
+        if any rank's shards changed in between (an evaluation, a callback or a user's code wrote into the engine)."""
         if self.engine_group is not None:
-            self._check_shards_unchanged(step)
+            self._checked_centre = (step, engine_fingerprint(self.engine_model.named_parameters()))
             return
         if self.reference_model is None:
             return
@@ -122,21 +126,23 @@ class VLLMColocateBackend(OneMemberAtATime):
                 "this with your vLLM version and model."
             )
 
-    def _check_shards_unchanged(self, step: int) -> None:
+    def _check_shards_unchanged(self, step: int, fingerprint: dict[str, object]) -> None:
         """The layout-free sums do not add up over tensor-parallel shards (a model with fewer KV heads than ranks
-        holds them on every rank), so each rank compares its shards with their fingerprint taken when the centre was
-        last loaded through vLLM's `load_weights`; every rank of the group raises together."""
+        holds them on every rank), so each rank compares its shards with their `fingerprint` from the check of `step`,
+        just before the engine is written again (the check itself follows a load of the centre: comparing there would
+        find nothing); every rank of the group raises together."""
         changed = [
             name
             for name, value in engine_fingerprint(self.engine_model.named_parameters()).items()
-            if self._loaded_centre.get(name) != value
+            if fingerprint.get(name) != value
         ]
         per_rank = [None] * torch.distributed.get_world_size(self.engine_group)
         torch.distributed.all_gather_object(per_rank, changed, group=self.engine_group)
         if any(per_rank):
             rank, names = next((rank, names) for rank, names in enumerate(per_rank) if names)
             raise RuntimeError(
-                f"At step {step} the tensor-parallel vLLM engine's shards changed since the centre was loaded (rank "
-                f"{rank} of the engine: {names[:3]}): something other than ESTrainer wrote into the engine, and "
-                "generation no longer uses the weights being trained."
+                f"After step {step} the tensor-parallel vLLM engine's shards changed while they held the centre (rank "
+                f"{rank} of the engine: {names[:3]}): something other than ESTrainer (a callback, an evaluation, a "
+                "rollout function) wrote into the engine, so what it generated since did not use the weights being "
+                "trained. Write members through the trainer's backend (`member.generate` in a rollout function)."
             )
