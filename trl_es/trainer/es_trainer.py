@@ -2,11 +2,11 @@
 
 One ES step (`_es_step`) reads like the method: the step's members, their completions from the backend, the rewards,
 the fitness and its shaping, the update of the centre. The rest of the class wires the Trainer's hooks to modules of
-their own: scoring (`scoring.py`), what a step cannot do (`divergence.py`), logging (`step_logging.py`), checkpoints
-and resume (`resume.py`), evaluation (`evaluation.py`), the Hub (`hub.py`). The ES math lives in `trl_es/core/`, the
-ways of generating with members in `trl_es/backends/` (chosen once, by `build_population`), and every use of a
-library's private API in `trl_es/compat/`. (The class docstring is ESTrainer's API reference page, which is most of
-the file's length.)
+their own: the population (`trainer_population.py`), scoring (`scoring.py`), what a step cannot do (`divergence.py`),
+logging (`step_logging.py`), checkpoints and resume (`resume.py`), evaluation (`evaluation.py`), the Hub (`hub.py`).
+The ES math lives in `trl_es/core/`, the ways of generating with members in `trl_es/backends/` (chosen once, by
+`build_population`), and every use of a library's private API in `trl_es/compat/`. (The class docstring is
+ESTrainer's API reference page, which is most of the file's length.)
 """
 
 from __future__ import annotations
@@ -23,14 +23,12 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ..backends.base import PhaseTimer
 from ..backends.hf import TokenIds
-from ..backends.population import Population, build_population, engine_setup, evolving_parameters
+from ..backends.population import Population, engine_setup, evolving_parameters
 from ..backends.sampling import SamplingSettings
 from ..compat.accelerate import prepare_without_ddp
 from ..compat.transformers import TrainerHooks
 from ..compat.trl import (
     TrainerTags,
-    colocated_engine,
-    colocated_engine_group,
     completion_table,
     grpo_init_sees_defaults,
     logged_metrics,
@@ -52,7 +50,6 @@ from ..core.fitness import (
 from ..core.guards import check_finite_tensors, check_fitness
 from ..core.noise import Member, sampling_seed
 from ..core.noise import population as population_members
-from ..core.update_shards import UpdateShards
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
 from . import evaluation, hub, kl_probe, resume, step_logging
@@ -77,6 +74,7 @@ from .reward_checks import checked_reward_function
 from .rollouts import check_prompts_fit, context_length, tokenize_prompts, tokenizer_of, truncation_mask
 from .sampler import EpochSeededRepeatSampler
 from .scoring import MemberCompletions, MemberScores, score_members
+from .trainer_population import build_trainer_population
 
 logger = logging.getLogger(__name__)
 
@@ -241,30 +239,11 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         """The run's population: the float32 master (the centre, with sigma) and the backend that evaluates members.
         Built from the model's current weights (or the resumed checkpoint's) when first needed."""
         if self._population is None:
-            resumed = self._resumed
-            model = self.accelerator.unwrap_model(self.model)
-            origin = f" (from {resumed.checkpoint})" if resumed else ""
-            check_finite_tensors(evolving_parameters(model), f"The model's evolving weights{origin}")
-            if self.args.model_in_host_memory:
-                # The engine evaluates every member: the accelerator keeps the engine and the master, and the model
-                # follows the centre in host memory (the copy `Population.apply_update` makes after each update). It
-                # was loaded there; this moves one passed on the accelerator, before the master is built from it.
-                model.to("cpu")
-            self._population = build_population(
-                self.args,
-                model,
-                self.tokens,
-                llm=colocated_engine(self),
-                resumed=resumed,
-                update_shards=self._update_shards(),
-                engine_group=colocated_engine_group(self),
-                device=self.args.device if self.args.model_in_host_memory else None,  # else the model's
-            )
-            check_ranks_agree(self.accelerator, self._population.master, step=0)  # no DDP broadcast evens them
+            self._population = build_trainer_population(self, self._resumed)
             if self._reference is None and self.args.should_save:
                 self._reference = StartingWeights.write(self._population.parameters)
             if self.args.kl_anchor_beta:
-                self._kl_probe = kl_probe.sample_trainer_probe(self, resumed)
+                self._kl_probe = kl_probe.sample_trainer_probe(self, self._resumed)
         return self._population
 
     @property
@@ -272,14 +251,6 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         """Who evaluates which member: each process, or each group of processes that share a tensor-parallel
         engine."""
         return Evaluators.of(self.accelerator, engine_group_size(self.args))
-
-    def _update_shards(self) -> UpdateShards | None:
-        """How the processes share computing the update, or None to compute all of it on each."""
-        processes = self.accelerator.num_processes
-        # A tensor-parallel engine's processes split the master itself: each owner updates its own tensors.
-        if processes == 1 or not self.args.shard_update or engine_group_size(self.args) > 1:
-            return None
-        return UpdateShards(self.accelerator.process_index, processes)
 
     def release_population(self) -> None:
         """Drop the population (and the engine model its backend holds); the next use builds it again."""
@@ -535,19 +506,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     def save_extra_state(self, output_dir: str) -> None:
         """Each checkpoint's `es_state/`, written before `trainer_state.json` (which the Trainer writes last): a
         checkpoint with a Trainer state always has its ES state."""
-        if self._population is None:
-            return
-        # Every process takes part: with shard_update each holds the es_optimizer state of the tensors it owns, and
-        # the processes of a tensor-parallel engine each hold a share of the master.
-        master = self._population.master
-        optimizer_state = master.optimizer_state(self._population.update_shards)
-        master_state = master.full_state_dict(keep=self.args.should_save)
-        if self.args.should_save:
+        if self._population is not None:
             metadata = resume.run_metadata(self.state.global_step, self._counters, self.reward_func_names, self.args)
             metadata |= self._noise_scale.state()
-            resume.save_run_state(
-                output_dir, self._population, master_state, self._reference, metadata, optimizer_state
-            )
+            resume.save_run_state(output_dir, self._population, self._reference, metadata, self.args.should_save)
 
     def load_extra_state(self, checkpoint: str) -> None:
         resumed = resume.ResumedRun.load(checkpoint, self._evolving_parameters(), self.args, self.reward_func_names)

@@ -57,22 +57,23 @@ def resume_checkpoint(resume_from_checkpoint: str | os.PathLike | bool | None, o
 
 
 def save_run_state(
-    output_dir: str,
-    population,
-    master_state: dict,
-    reference: StartingWeights | None,
-    metadata: dict,
-    optimizer_state: dict,
+    output_dir: str, population, reference: StartingWeights | None, metadata: dict, should_save: bool
 ) -> None:
-    """Write a checkpoint's `es_state/`: the float32 master of the parameters the model rounds (`master_state`, the
-    whole master: `MasterWeights.full_state_dict`), the starting weights, the whole `es_optimizer` state
-    (`MasterWeights.optimizer_state`, gathered when sharded) and `metadata` (see `run_metadata`)."""
+    """Write a checkpoint's `es_state/` where `should_save`: the float32 master of the parameters the model rounds,
+    the starting weights, the whole `es_optimizer` state and `metadata` (see `run_metadata`). Every process calls it:
+    with `shard_update` each holds the `es_optimizer` state of the tensors it owns, and the processes of a
+    tensor-parallel engine each hold a share of the master."""
+    master = population.master
+    optimizer_state = master.optimizer_state(population.update_shards)
+    master_state = master.full_state_dict(keep=should_save)
+    if not should_save:
+        return
     save_es_state(
         output_dir,
         master=master_state,
         parameter_dtypes={name: param.dtype for name, param in population.parameters.items()},
         reference=reference,
-        metadata={**metadata, **population.master.optimizer.metadata()},
+        metadata={**metadata, **master.optimizer.metadata()},
         optimizer_state=optimizer_state,
     )
 

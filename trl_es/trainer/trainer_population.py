@@ -1,0 +1,47 @@
+"""The population an ESTrainer evolves, built from its model when the run first needs it: the model's evolving weights
+checked, a model kept in host memory moved there, the master and the backend (`build_population`), and the processes'
+masters compared before the first member is drawn."""
+
+from __future__ import annotations
+
+from ..backends.population import Population, build_population, evolving_parameters
+from ..compat.trl import colocated_engine, colocated_engine_group
+from ..core.distributed import check_ranks_agree
+from ..core.guards import check_finite_tensors
+from ..core.update_shards import UpdateShards
+from .config_checks import engine_group_size
+
+
+def build_trainer_population(trainer, resumed=None) -> Population:
+    """`trainer`'s population, from its model's current weights (and `resumed`'s float32 masters and `es_optimizer`
+    state: `resume.ResumedRun`)."""
+    args = trainer.args
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    origin = f" (from {resumed.checkpoint})" if resumed else ""
+    check_finite_tensors(evolving_parameters(model), f"The model's evolving weights{origin}")
+    if args.model_in_host_memory:
+        # The engine evaluates every member: the accelerator keeps the engine and the master, and the model follows
+        # the centre in host memory (the copy `Population.apply_update` makes after each update). It was loaded
+        # there; this moves one passed on the accelerator, before the master is built from it.
+        model.to("cpu")
+    population = build_population(
+        args,
+        model,
+        trainer.tokens,
+        llm=colocated_engine(trainer),
+        resumed=resumed,
+        update_shards=update_shards(trainer.accelerator, args),
+        engine_group=colocated_engine_group(trainer),
+        device=args.device if args.model_in_host_memory else None,  # else the model's
+    )
+    check_ranks_agree(trainer.accelerator, population.master, step=0)  # no DDP broadcast evens them
+    return population
+
+
+def update_shards(accelerator, args) -> UpdateShards | None:
+    """How the processes share computing the update, or None to compute all of it on each."""
+    processes = accelerator.num_processes
+    # A tensor-parallel engine's processes split the master itself: each owner updates its own tensors.
+    if processes == 1 or not args.shard_update or engine_group_size(args) > 1:
+        return None
+    return UpdateShards(accelerator.process_index, processes)
