@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -179,7 +180,7 @@ class PeakMemory:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Subprocesses: workers (one measurement in a fresh process) and whole benchmark scripts
+# Subprocesses: workers (one measurement in a fresh process), whole benchmark scripts, `trl-es vllm-serve` servers
 
 
 def run_worker(script: Path, spec: dict, label: str, environment: dict[str, str] | None = None) -> dict:
@@ -216,6 +217,56 @@ def run_benchmark_script(script: str, arguments: list[str], label: str) -> dict:
     lines = process.stdout.splitlines()
     print("\n".join(line for line in lines if not line.startswith(RESULT_PREFIX)))
     return parse_result(process.stdout)
+
+
+def serve_command(model: str | Path, port: int, *flags: str) -> list[str]:
+    """`trl-es vllm-serve` as a user runs it, in eager mode (compiling would double the start time on 2 cores)."""
+    return [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", str(model), "--port", str(port), *flags,
+            "--", "--enforce-eager"]  # fmt: skip
+
+
+def launch_server(command: list[str], log: Path, environment: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a server in a session of its own (its engine processes are signalled with it), writing to `log`, without
+    waiting for it to serve: servers started together load their models at once."""
+    with Path(log).open("w") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=environment)  # fmt: skip
+
+
+def wait_healthy(process: subprocess.Popen, port: int, log: Path, seconds: float = 900) -> str:
+    """The server's URL once its `/health` answers (minutes on a loaded 2-core machine); a `RuntimeError` with the
+    end of its `log` if it exits first or never answers (then it is killed)."""
+    import requests
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"The server on port {port} exited with {process.returncode}:\n{_log_tail(log)}")
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
+                return f"http://127.0.0.1:{port}"
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.5)
+    stop_server(process, signal.SIGKILL)
+    raise RuntimeError(f"The server on port {port} did not answer in {seconds:.0f} s:\n{_log_tail(log)}")
+
+
+def stop_server(process: subprocess.Popen, stop_signal: int = signal.SIGTERM) -> None:
+    """Signal the server's whole process group (API server, engine core, workers) and wait for it; SIGKILL it if
+    SIGTERM has not ended it in 60 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, stop_signal)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+
+
+def _log_tail(log: Path) -> str:
+    return Path(log).read_text(errors="replace")[-3000:] if Path(log).exists() else f"(no log at {log})"
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -10,21 +10,25 @@ its verification (`generate_center`), and `es_verify` alone, and prints the chec
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import requests
 
 # Run as a script, Python puts benchmarks/ on sys.path; the `benchmarks` package needs the repository root.
 REPOSITORY = str(Path(__file__).resolve().parents[1])
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)
 
-from benchmarks.harness import free_port, median, timed  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    free_port,
+    launch_server,
+    median,
+    serve_command,
+    stop_server,
+    timed,
+    wait_healthy,
+)
 from trl_es.backends.sampling import SamplingSettings  # noqa: E402
 from trl_es.backends.vllm_server import VLLMServerBackend  # noqa: E402
 from trl_es.core.master import MasterWeights  # noqa: E402
@@ -34,20 +38,11 @@ from trl_es.testing import build_tiny_qwen2, build_tiny_tokenizer  # noqa: E402
 
 def start_server(model: Path, secret_file: Path, log: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    command = [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", str(model), "--port", str(port),
-               "--secret_file", str(secret_file), "--max_model_len", "512", "--", "--enforce-eager"]  # fmt: skip
+    flags = ["--secret_file", str(secret_file), "--max_model_len", "512"]
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                               env=environment)  # fmt: skip
-    for _ in range(600):
-        if process.poll() is not None:
-            sys.exit(f"the server exited; see {log}")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
-                return process, port
-        except requests.ConnectionError:
-            time.sleep(1)
-    sys.exit(f"the server did not start; see {log}")
+    process = launch_server(serve_command(model, port, *flags), log, environment)
+    wait_healthy(process, port, log)
+    return process, port
 
 
 def main():
@@ -82,8 +77,7 @@ def main():
         print(f"per member: load {load:.3f} s, generate+verify {generate:.3f} s, es_verify alone {verify:.3f} s")
         print(f"check / (load + generate) = {2 * verify / (load + generate - verify):.3f}")
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+        stop_server(process)
 
 
 if __name__ == "__main__":

@@ -15,21 +15,24 @@ same cores); on CUDA each server gets its own GPU. The last line is `RESULT <jso
 import argparse
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import requests
 
 # Run as a script, Python puts benchmarks/ on sys.path; the `benchmarks` package needs the repository root.
 REPOSITORY = str(Path(__file__).resolve().parents[1])
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)
 
-from benchmarks.harness import free_port, median, print_result  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    free_port,
+    launch_server,
+    median,
+    print_result,
+    serve_command,
+    stop_server,
+    wait_healthy,
+)
 from benchmarks.trainers import ES_PHASES, even_token_fraction  # noqa: E402
 
 SERVER_START_SECONDS = 900  # two engines loading at once on a loaded 2-core machine take minutes
@@ -64,16 +67,16 @@ def main():
     model = cli.model or str(save_tiny_model(workdir / "tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
     secret_file = str(workdir / "servers.secret")
     write_new_secret(secret_file)  # before either server starts: both read this one
-    servers = [launch_server(cli, model, secret_file, index, workdir) for index in range(2)]
+    servers = [launch_server_of_index(cli, model, secret_file, index, workdir) for index in range(2)]
     try:
-        urls = [wait_healthy(*server) for server in servers]
+        urls = [wait_healthy(*server, seconds=SERVER_START_SECONDS) for server in servers]
         blocks = {1: [], 2: []}
         for _ in range(cli.repetitions):
             for count in blocks:
                 blocks[count].append(timed_block(cli, model, urls[:count], secret_file, workdir))
     finally:
         for process, _, _ in servers:
-            stop(process)
+            stop_server(process)
         shutil.rmtree(workdir, ignore_errors=True)
     rows = [summary(count, measured) for count, measured in blocks.items()]
     speedup = rows[1]["steps_per_second"] / rows[0]["steps_per_second"]
@@ -84,23 +87,19 @@ def main():
                   "runs": rows, "speedup_2_servers": speedup})  # fmt: skip
 
 
-def launch_server(cli, model: str, secret_file: str, index: int, workdir: Path):
+def launch_server_of_index(cli, model: str, secret_file: str, index: int, workdir: Path):
     """Start server `index` (0: A, 1: B) on a free port without waiting for it; (process, port, log)."""
     port = free_port()
-    command = [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", model, "--port", str(port),
-               "--secret_file", secret_file, "--max_model_len", "512",
-               *(["--gpu_memory_utilization", "0.6"] if cli.cuda else []),  # room for the trainer on GPU 0
-               "--", "--enforce-eager"]  # fmt: skip
+    flags = ["--secret_file", secret_file, "--max_model_len", "512"]
+    if cli.cuda:
+        flags += ["--gpu_memory_utilization", "0.6"]  # room for the trainer on GPU 0
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if cli.cuda:
         environment["CUDA_VISIBLE_DEVICES"] = str(index)
     elif cli.server_cores == "split":
         environment["VLLM_CPU_OMP_THREADS_BIND"] = core_share(index, 2)
     log = workdir / f"server-{index}.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=environment)  # fmt: skip
-    return process, port, log
+    return launch_server(serve_command(model, port, *flags), log, environment), port, log
 
 
 def core_share(index: int, servers: int) -> str:
@@ -110,32 +109,6 @@ def core_share(index: int, servers: int) -> str:
     size = max(1, len(cores) // servers)
     start = (index * size) % len(cores)
     return ",".join(str(core) for core in cores[start : start + size])
-
-
-def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> str:
-    """The server's URL once `/health` answers; exits with the end of its log if it stops or never answers."""
-    deadline = time.time() + SERVER_START_SECONDS
-    while time.time() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"The server on port {port} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
-                return f"http://127.0.0.1:{port}"
-        except requests.ConnectionError:
-            pass
-        time.sleep(1)
-    sys.exit(f"The server on port {port} did not answer in {SERVER_START_SECONDS} s:\n{log.read_text()[-3000:]}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM the server's whole process group (API server, engine core, workers)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=60)
 
 
 def timed_block(cli, model: str, urls: list[str], secret_file: str, workdir: Path) -> dict:

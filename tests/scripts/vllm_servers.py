@@ -3,30 +3,20 @@ tests/backends/test_vllm_server.py and tests/backends/test_vllm_server_pool.py).
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
+from benchmarks import harness
 from benchmarks.harness import free_port
 
 
 def wait_healthy(process, port: int, log_path):
-    deadline = time.time() + 600  # minutes on a loaded 2-core machine
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"The server exited with {process.returncode}; see {log_path}")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    os.killpg(process.pid, signal.SIGKILL)
-    pytest.fail(f"The server did not become healthy in 600 s; see {log_path}")
+    """Until the server's `/health` answers (minutes on a loaded 2-core machine); the test fails if it never does."""
+    try:
+        harness.wait_healthy(process, port, log_path, seconds=600)
+    except RuntimeError as error:
+        pytest.fail(f"{error}\n(log: {log_path})")
 
 
 class Server:
@@ -44,14 +34,7 @@ class Server:
         """Start the process without waiting for it to serve (servers started together load their models at once)."""
         self.starts += 1
         self.log_path = self.log_dir / f"server-{self.starts}.log"
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                self.command(self.port),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=self.environment,
-            )
+        self.process = harness.launch_server(self.command(self.port), self.log_path, self.environment)
 
     def wait(self):
         wait_healthy(self.process, self.port, self.log_path)
@@ -75,12 +58,9 @@ class Server:
         return self.port
 
     def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=60)
+        harness.stop_server(self.process)
 
 
 def serve_command(model_path, *flags):
-    """`trl-es vllm-serve` as a user runs it; eager mode, as compiling would double the start time on 2 cores."""
-    return lambda port: [sys.executable, "-m", "trl_es.cli.main", "vllm-serve", "--model", model_path,
-                         "--max_model_len", "256", "--port", str(port), *flags, "--", "--enforce-eager"]  # fmt: skip
+    """`trl-es vllm-serve` as a user runs it (eager, as `harness.serve_command`), on the port a `Server` picks."""
+    return lambda port: harness.serve_command(model_path, port, "--max_model_len", "256", *flags)
