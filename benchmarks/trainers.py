@@ -56,9 +56,19 @@ def make_trainer(method: str, model, population_size: int, batch_size: int, max_
                           gradient_accumulation_steps=completions // micro_batch, **common)  # fmt: skip
         trainer_class = GRPOTrainer
     dataset = digit_prompts(batch_size * steps)
-    return trainer_class(
+    trainer = trainer_class(
         model=model, reward_funcs=even_token_fraction, args=args, train_dataset=dataset, callbacks=list(callbacks)
     )
+    return quiet(trainer)
+
+
+def quiet(trainer):
+    """`trainer` without the Trainer's printer, which `disable_tqdm` puts in the progress bar's place and which would
+    print every step's log dict into the benchmark's table (the measurements read `state.log_history`)."""
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    return trainer
 
 
 def warmed_up_es(model_path: str, population_size: int, batch_size: int, tokens: int, device: str, **es_overrides):

@@ -22,7 +22,7 @@ if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)
 
 from benchmarks.harness import interleaved, medians, print_result, timed  # noqa: E402
-from benchmarks.trainers import es_own_work_seconds, es_phases, es_step_seconds  # noqa: E402
+from benchmarks.trainers import es_own_work_seconds, es_phases, es_step_seconds, quiet  # noqa: E402
 
 
 def parse_args():
@@ -65,7 +65,7 @@ def main():
         disable_tqdm=True,
         use_cpu=not cli.cuda,
     )
-    trainer = ESTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=dataset)
+    trainer = quiet(ESTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=dataset))
     trainer.train()  # warm-up steps through the Trainer loop; they also create the master and the backend
 
     # Interleave ES steps and the baseline so that both see the same machine load.
