@@ -40,6 +40,7 @@ def _worker(rank: int, world: int, lr: float, offload: bool, results) -> None:
         norm, error = None, str(caught)
     result = dict(owned=dict(master.tensors), member=member, norm=norm, error=error)
     if error is None:
+        result["digests"] = master.digests()  # what a vLLM server's workers report to the trainer
         saved = master.full_state_dict(keep=rank == 0)  # what a checkpoint writes, from the owners
         optimizer = master.optimizer_state()
         resumed = _master(ShardedMasterWeights, offload, shards=shards)
@@ -65,6 +66,7 @@ def test_a_master_split_over_two_processes_is_bitwise_one_unsplit_master_and_res
     for rank in (0, 1):
         result = results[rank]
         assert result["error"] is None and result["norm"] == expected_norm
+        assert result["digests"] == alone.digests()  # the whole master's and its adam state's, from the owners
         assert all(torch.equal(result["member"][n], expected_member[n]) for n in SHAPES)  # from the owners
         assert all(torch.equal(t, alone.tensors[n]) for n, t in result["owned"].items())
         assert result["optimizer"].keys() == state.keys()  # the adam state of every tensor, from its owner

@@ -17,20 +17,38 @@ from collections.abc import Iterable
 import torch
 
 
+def tensor_digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Per tensor, the SHA-256 of its name, dtype, shape and bytes."""
+    digests = {}
+    for name, value in tensors.items():
+        tensor = value.detach().to("cpu").contiguous()
+        digest = hashlib.sha256(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().data)
+        digests[name] = digest.hexdigest()
+    return digests
+
+
+def combined_digest(digests: dict[str, str]) -> str:
+    """SHA-256 over per-tensor digests (`tensor_digests`) in name order: the digest of the tensors they came from,
+    whichever processes computed them (a master split between processes gathers its owners')."""
+    return hashlib.sha256("".join(f"{name}:{digests[name]}\n" for name in sorted(digests)).encode()).hexdigest()
+
+
 def master_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over the names, dtypes, shapes and bytes of `tensors`, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().to("cpu").contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    """A digest of `tensors`: names, dtypes, shapes and bytes (`combined_digest` of their `tensor_digests`)."""
+    return combined_digest(tensor_digests(tensors))
 
 
-def optimizer_digest(optimizer) -> str:
-    """SHA-256 of an `es_optimizer`'s settings, number of updates and state tensors (see `master_digest`)."""
-    state = {f"state/{key}": tensor for key, tensor in optimizer.state_dict().items()}
-    return f"{optimizer.settings}|{optimizer.updates}|{master_digest(state)}"
+def optimizer_state_digests(optimizer) -> dict[str, str]:
+    """The `tensor_digests` of an `es_optimizer`'s state tensors."""
+    return tensor_digests({f"state/{key}": tensor for key, tensor in optimizer.state_dict().items()})
+
+
+def optimizer_digest(optimizer, state_digests: dict[str, str] | None = None) -> str:
+    """A digest of an `es_optimizer`'s settings, number of updates and state tensors; `state_digests`: the whole
+    state's `optimizer_state_digests`, where the optimizer holds part of it (gathered from the owners)."""
+    state_digests = optimizer_state_digests(optimizer) if state_digests is None else state_digests
+    return f"{optimizer.settings}|{optimizer.updates}|{combined_digest(state_digests)}"
 
 
 def layout_free_stats(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .consistency import master_digest, optimizer_digest
 from .direction_optimizer import STATE_SUFFIXES, DirectionOptimizer
 from .guards import check_finite_tensors, check_step_fits, check_update_settings
 from .host_memory import HostTensors, host_copy
@@ -187,6 +188,11 @@ class MasterWeights:
         if shards is None or not suffixes:
             return state
         return dict(shards.gathered(self.shapes, self.updated_names(), state, suffixes, self.device))
+
+    def digests(self) -> tuple[str, str]:
+        """The whole master's `master_digest` and its `es_optimizer`'s `optimizer_digest` (collective where the master
+        is split over processes: each owner digests its own tensors)."""
+        return master_digest(self.state_dict()), optimizer_digest(self.optimizer)
 
     def nbytes(self) -> int:
         """The bytes the master adds to the parameters (a tensor shared with a float32 parameter adds none)."""

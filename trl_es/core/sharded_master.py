@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .consistency import combined_digest, optimizer_digest, optimizer_state_digests, tensor_digests
 from .direction_optimizer import STATE_SUFFIXES
 from .guards import NonFiniteError
 from .master import MasterWeights, master_device
@@ -126,6 +127,13 @@ class ShardedMasterWeights(MasterWeights):
             for key in (f"{name}.{suffix}" for suffix in suffixes):
                 gathered[key] = self.shards.from_owner(name, state.get(key), parameter.shape, self.device)
         return gathered
+
+    def digests(self) -> tuple[str, str]:
+        """As [`MasterWeights.digests`], from the per-tensor digests of every owner (collective): no tensor travels."""
+        parts = self.shards.all_gather((tensor_digests(self.state_dict()), optimizer_state_digests(self.optimizer)))
+        tensors = {name: digest for part, _ in parts for name, digest in part.items()}
+        state = {key: digest for _, part in parts for key, digest in part.items()}
+        return combined_digest(tensors), optimizer_digest(self.optimizer, state)
 
     def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """Every tensor, from its owner (collective); `keep=False` drops each after its broadcast."""
