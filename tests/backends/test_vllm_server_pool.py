@@ -1,6 +1,7 @@
 """ES over several `trl-es vllm-serve` servers (issue 29): one process spreading its members over two servers, and two
 training processes with a server each, end bitwise as one process with one server; a server killed mid-step is an
-error naming it, and the run resumes bitwise from its last checkpoint. Two servers serve the module."""
+error naming it, and the run resumes bitwise from its last checkpoint; a server with a tensor-parallel engine splits
+its master between its workers. Two servers serve the module, and a third with two workers."""
 
 import os
 
@@ -52,6 +53,19 @@ def servers(tiny_model_path, tmp_path_factory, secret_file, checkpoint_root):
     yield first, second
     for server in (first, second):
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_server(tiny_model_path, tmp_path_factory, secret_file, checkpoint_root, servers):
+    """A server whose engine has two tensor-parallel workers (the secret file is the `servers`' one)."""
+    flags = ["--secret_file", secret_file, "--checkpoint_dir", str(checkpoint_root), "--tensor_parallel_size", "2"]
+    cores = sorted(os.sched_getaffinity(0))
+    # vLLM-CPU binds each worker's threads to a NUMA node of its own, and this machine has one: bind them by hand.
+    environment = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[-1]}"}
+    server = Server(serve_command(tiny_model_path, *flags), tmp_path_factory.mktemp("tp-server"), environment)
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -160,3 +174,29 @@ def test_rows_spread_over_two_servers_are_what_each_member_generates_alone(tiny_
         )  # rows 0, 2, 4 on the first, 1, 3 on the second
     assert pool.generate_center(probe, sampling, 11) != member_alone
     pool.check_consistency(step=0)  # every server holds the centre again
+
+
+def test_a_tensor_parallel_server_splits_its_master_between_its_workers_and_trains_and_resumes_bitwise(
+    tiny_model_path, tensor_parallel_server, secret_file, checkpoint_root, one_server_run
+):
+    """Each worker of a TP=2 server keeps about half of the float32 master (a 70B model's whole master would be 280 GB
+    on every GPU of the engine); the run and its resume through the server end bitwise as the run over a server with
+    one worker, and every check compares the whole master's digest, gathered from the owners."""
+    output_dir = checkpoint_root / "tensor-parallel-server"  # under the server's --checkpoint_dir
+    settings = pool_settings(tensor_parallel_server.url, secret_file) | dict(save_strategy="steps", save_steps=2)
+
+    def trained(resume_from=None) -> ESTrainer:
+        config = fast_es_config(output_dir, **settings)
+        trainer = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config,
+                            train_dataset=digit_prompts(16))  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume_from)
+        assert_same_weights(one_server_run, {n: t.contiguous() for n, t in trainer.population.master.tensors.items()})
+        return trainer
+
+    backend = trained().population.backend
+    reports = backend._control("es_checksum", backend.run_id, backend.load)  # one per worker
+    total = sum(tensor.numel() for tensor in one_server_run.values())
+    held = [report["master_elements"] for report in reports]
+    assert len(held) == 2 and sum(held) == total and max(held) < 0.6 * total, (held, total)
+    backend.check_consistency(step=3)  # both workers report the trainer's digests
+    trained(resume_from=str(output_dir / "checkpoint-2"))  # each worker rebuilds its share from the checkpoint

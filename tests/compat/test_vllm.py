@@ -42,6 +42,19 @@ def test_vllm_worker_vllm_config_model():
     assert "model" in ModelConfig.__dataclass_fields__, f"{VLLM}: ModelConfig has no field `model`"
 
 
+def test_vllm_distributed_get_tp_group_world_size_device_group():
+    """`worker_tensor_parallel_group`: `vllm.distributed.get_tp_group()`, a `GroupCoordinator` with `world_size` and
+    `device_group` (the torch process group of the engine's tensor-parallel ranks)."""
+    from vllm.distributed import GroupCoordinator, get_tp_group
+
+    assert inspect.signature(get_tp_group).return_annotation in (GroupCoordinator, "GroupCoordinator"), VLLM
+    source = inspect.getsource(GroupCoordinator.__init__)
+    assert "self.world_size =" in source and "self.device_group =" in source, (
+        f"{VLLM}: GroupCoordinator no longer sets world_size and device_group; update "
+        "trl_es.compat.vllm.worker_tensor_parallel_group"
+    )
+
+
 def test_vllm_server_takes_middleware_and_worker_extension_flags():
     """Public, but everything rests on them: `--middleware` mounts the control channel, `--worker-extension-cls` the
     ES methods, and `EngineClient.collective_rpc` carries the calls from one to the other."""

@@ -7,12 +7,15 @@ inside the server and regenerates every member's noise there from its seed, so a
 passes string arguments only. No NCCL group is needed, which is why this also works where TRL's weight sync cannot
 (on CPU).
 
-Each method runs in every worker of the server (one per tensor-parallel rank); each keeps its own master and lets
-vLLM's `load_weights` pick its shard. Each returns `{"result": ...}`, or `{"error": kind, "message": ...}` when it
-refuses (the kinds of `control_channel.ERROR_STATUS`). The first argument of every method is the caller's session,
-which the control channel passes after checking the caller's signature: a run answers only the session that started
-it, a run id is started once, and a refusal to another session tells nothing about the run (issue 27: refusals
-echoed the run id and load number, and `es_init` with the same run id reset its master).
+Each method runs in every worker of the server (one per tensor-parallel rank), together. The float32 master is
+split between a tensor-parallel engine's workers as between the processes of a colocated one (`ShardedMasterWeights`:
+each tensor on one owner, which computes its member values and updates and broadcasts them to the others), and each
+worker writes whole tensors, letting vLLM's `load_weights` pick its shard. Each method returns `{"result": ...}`, or
+`{"error": kind, "message": ...}` when it refuses (the kinds of `control_channel.ERROR_STATUS`). The first argument
+of every method is the caller's session, which the control channel passes after checking the caller's signature: a
+run answers only the session that started it, a run id is started once, and a refusal to another session tells
+nothing about the run (issue 27: refusals echoed the run id and load number, and `es_init` with the same run id reset
+its master).
 
 Weights changed behind the trainer's back are caught: every load into the engine is numbered by a counter that never
 goes back, and the engine fingerprinted right after it (`engine_fingerprint`); after each generation the trainer calls
@@ -32,13 +35,14 @@ import torch
 from safetensors.torch import load_file
 
 from .._version import __version__
-from ..compat.vllm import served_model_path, worker_model
+from ..compat.vllm import served_model_path, worker_model, worker_tensor_parallel_group
 from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
 from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, load_optimizer_state
-from ..core.consistency import engine_fingerprint, layout_free_stats, master_digest, optimizer_digest
+from ..core.consistency import engine_fingerprint, layout_free_stats
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.master import MasterWeights
 from ..core.noise import Member
+from ..core.sharded_master import EngineShards, ShardedMasterWeights
 from .control_channel import CHECKPOINT_DIR_ENV
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.
@@ -128,6 +132,18 @@ def _read(files: list[Path]) -> dict[str, torch.Tensor]:
     for file in files:
         tensors.update(load_file(file))
     return tensors
+
+
+def _master(worker, evolving: dict[str, torch.Tensor], sigma: float, device) -> MasterWeights:
+    """The worker's master of the `evolving` float32 tensors: whole on an engine of one worker; split between the
+    workers of a tensor-parallel engine, each keeping only the tensors it owns (the others' shapes are kept on the
+    meta device, which holds no memory)."""
+    group = worker_tensor_parallel_group(worker)
+    if group is None:
+        return MasterWeights(evolving, sigma, device=device)
+    shards = EngineShards(group, {name: tensor.shape for name, tensor in evolving.items()})
+    kept = {name: tensor if shards.owns(name) else tensor.to("meta") for name, tensor in evolving.items()}
+    return ShardedMasterWeights(kept, sigma, shards, device=device)
 
 
 class ESWorkerExtension:
@@ -224,17 +240,17 @@ class ESWorkerExtension:
                 f"The served checkpoint has no tensors named {missing[:5]}: the server and the trainer must load the "
                 "same model."
             )
-        device = next(worker_model(self).parameters()).device
-        evolving = {name: checkpoint[name].to(device=device, dtype=dtype) for name in names}
+        # In host memory: each worker of a tensor-parallel engine copies only its share of the master to its device.
+        evolving = {name: checkpoint[name].to(dtype=dtype) for name in names}
         frozen = [tensor for name, tensor in checkpoint.items() if name not in evolving]
         if resumed is not None:
-            evolving.update(load_file(resumed / ES_STATE_DIR / MASTER_FILE, device=str(device)))
+            evolving.update(load_file(resumed / ES_STATE_DIR / MASTER_FILE))
         previous = getattr(self, "_es_state", None)
         replaced = None
         if previous is not None:
             replaced = {"idle_seconds": time.monotonic() - previous["last_call"]}
             self._es_runs()[previous["run_id"]]["replaced_at"] = time.monotonic()
-        master = MasterWeights(evolving, float(sigma))
+        master = _master(self, evolving, float(sigma), next(worker_model(self).parameters()).device)
         master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))
         if resumed is not None:
             metadata = json.loads((resumed / ES_STATE_DIR / META_FILE).read_text())
@@ -242,13 +258,9 @@ class ESWorkerExtension:
         state = dict(run_id=run_id, session=session, master=master, frozen=frozen, last_call=time.monotonic())
         self._es_runs()[run_id] = {"session": session, "replaced_at": None}
         self._es_state = state
-        load = self._es_write(state, master.tensors.items(), "the centre")
-        return {
-            "master_digest": master_digest(master.tensors),
-            "optimizer_digest": optimizer_digest(master.optimizer),
-            "load": load,
-            "replaced": replaced,
-        }
+        load = self._es_write(state, master.centre(), "the centre")
+        master_digest, optimizer_digest = master.digests()
+        return dict(master_digest=master_digest, optimizer_digest=optimizer_digest, load=load, replaced=replaced)
 
     @control_call
     def es_load_member(self, session: str, run_id: str, expected_load: str, seed: str, sign: str, sigma: str) -> str:
@@ -265,7 +277,7 @@ class ESWorkerExtension:
         """Check that no other load followed load `expected_load`, then load the centre; returns its load number."""
         state = self._es_run(session, run_id)
         self._es_check_unchanged(state, expected_load, fingerprint=False)
-        return self._es_write(state, state["master"].tensors.items(), "the centre")
+        return self._es_write(state, state["master"].centre(), "the centre")
 
     @control_call
     def es_verify(self, session: str, run_id: str, expected_load: str) -> None:
@@ -279,17 +291,23 @@ class ESWorkerExtension:
 
     @control_call
     def es_checksum(self, session: str, run_id: str, expected_load: str) -> dict:
-        """The master digest, and the engine's layout-free statistics with what the master predicts for them (after
-        checking that the engine still holds load `expected_load`)."""
+        """The master and optimizer digests, the engine's layout-free statistics with what the master predicts for
+        them (on a single worker: sums over shards do not add up to the model's), and how many master elements this
+        worker holds (after checking that the engine still holds load `expected_load`)."""
         state = self._es_run(session, run_id)
+        master = state["master"]
+        # Collective: every worker digests before any may refuse below (one whose shards changed refuses alone).
+        master_digest, optimizer_digest = master.digests()
         self._es_check_unchanged(state, expected_load)
-        engine_dtype = next(worker_model(self).parameters()).dtype
-        masters = state["master"].tensors.values()
-        predicted = layout_free_stats([*masters, *state["frozen"]], dtype=engine_dtype)
+        predicted = None
+        if not isinstance(master, ShardedMasterWeights):
+            engine_dtype = next(worker_model(self).parameters()).dtype
+            predicted = list(layout_free_stats([*master.tensors.values(), *state["frozen"]], dtype=engine_dtype))
         return {
-            "master_digest": master_digest(state["master"].tensors),
-            "optimizer_digest": optimizer_digest(state["master"].optimizer),
+            "master_digest": master_digest,
+            "optimizer_digest": optimizer_digest,
             "engine_stats": list(layout_free_stats(worker_model(self).parameters())),
-            "predicted_engine_stats": list(predicted),
+            "predicted_engine_stats": predicted,
+            "master_elements": sum(tensor.numel() for tensor in master.state_dict().values()),
             "pid": os.getpid(),
         }
