@@ -44,10 +44,12 @@ def test_vllm_worker_vllm_config_model():
 
 def test_vllm_distributed_get_tp_group_world_size_device_group():
     """`worker_tensor_parallel_group`: `vllm.distributed.get_tp_group()`, a `GroupCoordinator` with `world_size` and
-    `device_group` (the torch process group of the engine's tensor-parallel ranks)."""
-    from vllm.distributed import GroupCoordinator, get_tp_group
+    `device_group` (the torch process group of the engine's tensor-parallel ranks), once
+    `model_parallel_is_initialized()`."""
+    from vllm.distributed import GroupCoordinator, get_tp_group, model_parallel_is_initialized
 
     assert inspect.signature(get_tp_group).return_annotation in (GroupCoordinator, "GroupCoordinator"), VLLM
+    assert not inspect.signature(model_parallel_is_initialized).parameters, VLLM
     source = inspect.getsource(GroupCoordinator.__init__)
     assert "self.world_size =" in source and "self.device_group =" in source, (
         f"{VLLM}: GroupCoordinator no longer sets world_size and device_group; update "

@@ -20,7 +20,10 @@ PRIVATE_NAMES = {
     "engine_client_of": ["app.state.engine_client (set by init_app_state)"],
     "worker_model": ["Worker.model_runner.model"],
     "served_model_path": ["Worker.vllm_config.model_config.model"],
-    "worker_tensor_parallel_group": ["vllm.distributed.get_tp_group().world_size, .device_group"],
+    "worker_tensor_parallel_group": [
+        "vllm.distributed.get_tp_group().world_size, .device_group",
+        "vllm.distributed.model_parallel_is_initialized",
+    ],
     "engine_model": ["LLM.llm_engine.model_executor.driver_worker.model_runner.model"],
     "engine_lora_config": ["LLM.llm_engine.vllm_config.lora_config"],
     "shutdown_engine": ["LLM.llm_engine.engine_core.shutdown", "torch.distributed.destroy_process_group (patched)"],
@@ -44,9 +47,11 @@ def served_model_path(worker) -> str:
 
 def worker_tensor_parallel_group(worker):
     """The process group of the server worker's tensor-parallel engine (one process per rank, the group vLLM's own
-    collectives use), or None for an engine on one worker."""
-    from vllm.distributed import get_tp_group
+    collectives use), or None for an engine on one worker (or a worker outside an engine: a test's stand-in)."""
+    from vllm.distributed import get_tp_group, model_parallel_is_initialized
 
+    if not model_parallel_is_initialized():
+        return None
     group = get_tp_group()
     return group.device_group if group.world_size > 1 else None
 
