@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from ..core.consistency import master_digest, optimizer_digest, stats_agree
+from ..core.consistency import stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from .base import OneMemberAtATime
@@ -205,8 +205,8 @@ class VLLMServerBackend(OneMemberAtATime):
                 f"{replaced['idle_seconds']:.0f} s ago); this trainer took it over, and that run's trainer stops at "
                 "its next call."
             )
+        expected, expected_optimizer = self.master.digests()
         digests = {result["master_digest"] for result in started}
-        expected = master_digest(self.master.tensors)
         if digests != {expected}:
             raise VLLMServerError(
                 f"The vLLM server at {self.base_url} starts from other weights than the trainer (master digests "
@@ -215,12 +215,11 @@ class VLLMServerBackend(OneMemberAtATime):
                 f"{checkpoint!r}."
             )
         digests = {result["optimizer_digest"] for result in started}
-        expected = optimizer_digest(self.master.optimizer)
-        if digests != {expected}:
+        if digests != {expected_optimizer}:
             raise VLLMServerError(
                 f"The vLLM server at {self.base_url} holds another es_optimizer state than the trainer "
-                f"({sorted(digests)} vs {expected}): when resuming, the server must read the same checkpoint "
-                f"{checkpoint!r}."
+                f"({sorted(digests)} vs {expected_optimizer}): when resuming, the server must read the same "
+                f"checkpoint {checkpoint!r}."
             )
 
     def load_member(self, member: Member) -> None:
@@ -272,7 +271,7 @@ class VLLMServerBackend(OneMemberAtATime):
         return completions
 
     def check_consistency(self, step: int) -> None:
-        expected = master_digest(self.master.tensors)
+        expected, expected_optimizer = self.master.digests()  # once, whatever the number of workers
         reports = self._control("es_checksum", self.run_id, self.load)
         for report in reports:
             if report["master_digest"] != expected:
@@ -280,7 +279,7 @@ class VLLMServerBackend(OneMemberAtATime):
                     f"At step {step} the vLLM server's master differs from the trainer's (digest "
                     f"{report['master_digest']} vs {expected}): the server's generations no longer follow the run."
                 )
-            if report["optimizer_digest"] != optimizer_digest(self.master.optimizer):
+            if report["optimizer_digest"] != expected_optimizer:
                 raise VLLMServerError(
                     f"At step {step} the vLLM server's es_optimizer state differs from the trainer's: its next "
                     "updates would not be the trainer's."
