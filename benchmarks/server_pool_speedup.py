@@ -33,7 +33,7 @@ from benchmarks.harness import (  # noqa: E402
     stop_server,
     wait_healthy,
 )
-from benchmarks.trainers import ES_PHASES, even_token_fraction  # noqa: E402
+from benchmarks.trainers import ES_PHASES, even_token_fraction, quiet  # noqa: E402
 
 SERVER_START_SECONDS = 900  # two engines loading at once on a loaded 2-core machine take minutes
 
@@ -113,8 +113,6 @@ def core_share(index: int, servers: int) -> str:
 
 def timed_block(cli, model: str, urls: list[str], secret_file: str, workdir: Path) -> dict:
     """A fresh trainer over `urls`: `--warmup` steps, then `--steps` timed ones; their seconds and ES phases."""
-    from transformers import PrinterCallback
-
     from trl_es import ESConfig, ESTrainer
     from trl_es.testing import digit_prompts
 
@@ -141,8 +139,7 @@ def timed_block(cli, model: str, urls: list[str], secret_file: str, workdir: Pat
         use_cpu=not cli.cuda,
     )
     dataset = digit_prompts(cli.batch_size * steps)
-    trainer = ESTrainer(model=model, reward_funcs=even_token_fraction, args=args, train_dataset=dataset)
-    trainer.remove_callback(PrinterCallback)  # the step logs would bury the table in `make bench`'s output
+    trainer = quiet(ESTrainer(model=model, reward_funcs=even_token_fraction, args=args, train_dataset=dataset))
     trainer.train()
     timed = [entry for entry in trainer.state.log_history if "step_time" in entry][cli.warmup :]
     return {"step_seconds": [entry["step_time"] for entry in timed],

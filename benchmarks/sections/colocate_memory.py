@@ -143,16 +143,13 @@ def worker(spec: dict) -> dict:
 
 def es_process(spec: dict, args, memory: PeakMemory) -> dict:
     """An ESTrainer that builds its engine through TRL, then one ES step."""
-    from transformers import PrinterCallback
-
-    from benchmarks.trainers import even_token_fraction
+    from benchmarks.trainers import even_token_fraction, quiet
     from trl_es import ESTrainer
     from trl_es.compat.trl import colocated_engine
     from trl_es.testing import digit_prompts
 
     dataset = digit_prompts(spec["batch_size"])
-    trainer = ESTrainer(model=spec["model"], reward_funcs=even_token_fraction, args=args, train_dataset=dataset)
-    trainer.remove_callback(PrinterCallback)
+    trainer = quiet(ESTrainer(model=spec["model"], reward_funcs=even_token_fraction, args=args, train_dataset=dataset))
     engine = engine_settings(colocated_engine(trainer))
     built = memory.current()
     memory.reset_peak()

@@ -1,14 +1,12 @@
 """`trl-es vllm-serve` processes for tests: started on free ports, killed or restarted as a test needs (used by
 tests/backends/test_vllm_server.py and tests/backends/test_vllm_server_pool.py)."""
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
 from benchmarks import harness
-from benchmarks.harness import free_port
 
 
 def wait_healthy(process, port: int, log_path):
@@ -24,7 +22,7 @@ class Server:
 
     def __init__(self, command, log_dir: Path, environment=None):
         self.command, self.log_dir, self.environment = command, log_dir, environment
-        self.port, self.process, self.starts = free_port(), None, 0
+        self.port, self.process, self.starts = harness.free_port(), None, 0
 
     def start(self):
         self.launch()
@@ -45,8 +43,7 @@ class Server:
 
     def kill(self):
         """SIGKILL the whole server (API process, engine core, workers), as the OOM killer would."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=60)
+        harness.stop_server(self.process, signal.SIGKILL)
 
     def restart(self):
         self.kill()
