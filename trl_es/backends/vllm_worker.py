@@ -32,17 +32,17 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from .._version import __version__
 from ..compat.vllm import served_model_path, worker_model, worker_tensor_parallel_group
 from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
-from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, load_optimizer_state
+from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, OPTIMIZER_FILE
 from ..core.consistency import engine_fingerprint, layout_free_stats
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from ..core.sharded_master import EngineShards, ShardedMasterWeights
+from ..core.tensor_files import TensorFiles, read_master_share, read_state_share
 from .control_channel import CHECKPOINT_DIR_ENV
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.
@@ -125,25 +125,6 @@ def _refuse_links_out(checkpoint: Path, real_root: str, root: str) -> Path:
 def _lies_under(real: str, real_root: str) -> bool:
     """Whether the resolved path `real` is `real_root` or inside it."""
     return os.path.commonpath([real, real_root]) == real_root
-
-
-def _read(files: list[Path]) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for file in files:
-        tensors.update(load_file(file))
-    return tensors
-
-
-def _master(worker, evolving: dict[str, torch.Tensor], sigma: float, device) -> MasterWeights:
-    """The worker's master of the `evolving` float32 tensors: whole on an engine of one worker; split between the
-    workers of a tensor-parallel engine, each keeping only the tensors it owns (the others' shapes are kept on the
-    meta device, which holds no memory)."""
-    group = worker_tensor_parallel_group(worker)
-    if group is None:
-        return MasterWeights(evolving, sigma, device=device)
-    shards = EngineShards(group, {name: tensor.shape for name, tensor in evolving.items()})
-    kept = {name: tensor if shards.owns(name) else tensor.to("meta") for name, tensor in evolving.items()}
-    return ShardedMasterWeights(kept, sigma, shards, device=device)
 
 
 class ESWorkerExtension:
@@ -229,32 +210,38 @@ class ESWorkerExtension:
                 "a new one at every start and resume).",
             )
         names = json.loads(names_json)
-        dtype = getattr(torch, trainer_dtype)
         resumed = _resume_checkpoint(resume_from) if resume_from else None
-        checkpoint = _read(_served_checkpoint_files(served_model_path(self)))
-        if resumed is not None:
-            checkpoint.update(_read(_safetensors_in(resumed)))
-        missing = [name for name in names if name not in checkpoint]
+        served = _served_checkpoint_files(served_model_path(self))
+        weights = TensorFiles([*served, *(_safetensors_in(resumed) if resumed is not None else [])])
+        missing = [name for name in names if name not in weights]
         if missing:
             raise KeyError(
                 f"The served checkpoint has no tensors named {missing[:5]}: the server and the trainer must load the "
                 "same model."
             )
-        # In host memory: each worker of a tensor-parallel engine copies only its share of the master to its device.
-        evolving = {name: checkpoint[name].to(dtype=dtype) for name in names}
-        frozen = [tensor for name, tensor in checkpoint.items() if name not in evolving]
-        if resumed is not None:
-            evolving.update(load_file(resumed / ES_STATE_DIR / MASTER_FILE))
+        group = worker_tensor_parallel_group(self)
+        shards = None if group is None else EngineShards(group, {name: weights.shapes[name] for name in names})
+        masters = TensorFiles([resumed / ES_STATE_DIR / MASTER_FILE]) if resumed is not None else None
+        # A worker of a tensor-parallel engine reads only the tensors it owns (a 70B model on 8 workers: 1/8 each).
+        evolving = read_master_share(weights, names, getattr(torch, trainer_dtype), shards, masters)
         previous = getattr(self, "_es_state", None)
         replaced = None
         if previous is not None:
             replaced = {"idle_seconds": time.monotonic() - previous["last_call"]}
             self._es_runs()[previous["run_id"]]["replaced_at"] = time.monotonic()
-        master = _master(self, evolving, float(sigma), next(worker_model(self).parameters()).device)
+        device = next(worker_model(self).parameters()).device
+        if shards is None:
+            master = MasterWeights(evolving, float(sigma), device=device)
+            # The frozen tensors feed only an unsplit master's prediction of the engine's statistics (`es_checksum`).
+            frozen = list(weights.read(name for name in weights.file_of if name not in evolving).values())
+        else:
+            master, frozen = ShardedMasterWeights(evolving, float(sigma), shards, device=device), []
         master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))
         if resumed is not None:
             metadata = json.loads((resumed / ES_STATE_DIR / META_FILE).read_text())
-            master.restore_optimizer(load_optimizer_state(resumed), metadata)
+            state_file = resumed / ES_STATE_DIR / OPTIMIZER_FILE
+            saved = read_state_share(TensorFiles([state_file]), evolving) if state_file.is_file() else {}
+            master.restore_optimizer(saved, metadata)
         state = dict(run_id=run_id, session=session, master=master, frozen=frozen, last_call=time.monotonic())
         self._es_runs()[run_id] = {"session": session, "replaced_at": None}
         self._es_state = state
