@@ -244,6 +244,9 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 self._reference = StartingWeights.write(self._population.parameters)
             if self.args.kl_anchor_beta:
                 self._kl_probe = kl_probe.sample_trainer_probe(self, self._resumed)
+            # The population holds what it needs of the checkpoint; keeping the rest would hold every process's copy
+            # of its masters and starting weights for the whole run, and rebuild a released population from them.
+            self._resumed = None
         return self._population
 
     @property
@@ -253,7 +256,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         return Evaluators.of(self.accelerator, engine_group_size(self.args))
 
     def release_population(self) -> None:
-        """Drop the population (and the engine model its backend holds); the next use builds it again."""
+        """Drop the population (and the engine model its backend holds); the next use builds it again from the model's
+        weights (a master's digits below the model's dtype are not kept)."""
         self._population = None
 
     def wrap_train_sampler(self, sampler):
