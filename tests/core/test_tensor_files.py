@@ -1,16 +1,24 @@
-"""`TensorFiles` and the master shares read through it: what a vLLM server's worker reads at `es_init`. A worker of a
-tensor-parallel engine (here: two gloo processes) reads the tensors it owns and only the shapes of the others."""
+"""`TensorFiles` and the shares read through it: what a vLLM server's worker reads at `es_init`, and what a resumed
+process reads of a checkpoint's master and `es_optimizer` state. A process that keeps a share (a worker of a
+tensor-parallel engine, here one of two gloo processes; a process with `shard_update`) reads that share only."""
 
+import pytest
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from scripts.gloo_processes import run_on_processes
 
-from trl_es.core.sharded_master import EngineShards
-from trl_es.core.tensor_files import TensorFiles, read_master_share, read_state_share
+from trl_es.core.checkpoint import check_saved_tensors
+from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
+from trl_es.core.guards import NonFiniteError
+from trl_es.core.master import MasterWeights
+from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights
+from trl_es.core.tensor_files import TensorFiles, read_master_share
+from trl_es.core.update_shards import UpdateShards
 
 SHAPES = {"embed.weight": (32, 8), "layer.0.weight": (8, 8), "layer.0.bias": (8,), "norm.weight": (8,)}
 NAMES = ["embed.weight", "layer.0.weight", "norm.weight"]  # evolving; layer.0.bias is frozen
+ADAM = {"es_optimizer": "adam", "es_optimizer_updates": 3}
 
 
 def _checkpoint(folder) -> dict:
@@ -20,7 +28,11 @@ def _checkpoint(folder) -> dict:
     model = {name: torch.randn(shape, generator=generator).bfloat16() for name, shape in SHAPES.items()}
     trained = {"layer.0.weight": model["layer.0.weight"] + 1}
     masters = {name: torch.randn(SHAPES[name], generator=generator) for name in NAMES[:2]}  # norm.weight: none saved
-    state = {f"{name}.{part}": torch.rand(SHAPES[name], generator=generator) for name in NAMES for part in ("m", "v")}
+    state = {
+        f"{name}.{part}": torch.rand(SHAPES[name], generator=generator)
+        for name in NAMES
+        for part in ("exp_avg", "exp_avg_sq")
+    }
     files = {"first": dict(list(model.items())[:2]), "second": dict(list(model.items())[2:]), "trained": trained,
              "masters": masters, "state": state}  # fmt: skip
     for stem, tensors in files.items():
@@ -28,20 +40,43 @@ def _checkpoint(folder) -> dict:
     return dict(model=model, trained=trained, masters=masters, state=state)
 
 
-def _files(folder, *stems) -> TensorFiles:
-    return TensorFiles([folder / f"{stem}.safetensors" for stem in stems])
+class _CountedFiles(TensorFiles):
+    """TensorFiles that note every tensor read from them."""
+
+    def __init__(self, files):
+        super().__init__(files)
+        self.names_read = []
+
+    def read(self, names):
+        tensors = super().read(names)
+        self.names_read += list(tensors)
+        return tensors
 
 
-def test_tensor_files_know_every_shape_from_the_headers_and_read_named_tensors_with_later_files_winning(tmp_path):
+def _files(folder, *stems) -> _CountedFiles:
+    return _CountedFiles([folder / f"{stem}.safetensors" for stem in stems])
+
+
+def _adam(master: MasterWeights) -> MasterWeights:
+    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"))
+    return master
+
+
+def test_tensor_files_know_names_shapes_and_dtypes_from_the_headers_and_read_a_tensor_when_asked(tmp_path):
     saved = _checkpoint(tmp_path)
     weights = _files(tmp_path, "first", "second", "trained")
 
     assert weights.shapes == {name: torch.Size(shape) for name, shape in SHAPES.items()}
+    assert set(weights.dtypes.values()) == {torch.bfloat16} and len(weights) == 4
     assert "norm.weight" in weights and "lm_head.weight" not in weights
+    check_saved_tensors("first.safetensors", weights, {name: torch.zeros(shape) for name, shape in SHAPES.items()})
+    assert weights.names_read == []  # so far only the headers
     read = weights.read(["norm.weight", "layer.0.weight"])
     assert list(read) == ["norm.weight", "layer.0.weight"]  # in the order asked
     assert torch.equal(read["norm.weight"], saved["model"]["norm.weight"])
-    assert torch.equal(read["layer.0.weight"], saved["trained"]["layer.0.weight"])  # the checkpoint, listed last
+    assert torch.equal(weights["layer.0.weight"], saved["trained"]["layer.0.weight"])  # the checkpoint, listed last
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        weights["lm_head.weight"]
 
 
 def test_an_unsplit_master_reads_every_tensor_rounded_through_the_trainer_dtype_or_the_saved_float32_master(tmp_path):
@@ -56,24 +91,81 @@ def test_an_unsplit_master_reads_every_tensor_rounded_through_the_trainer_dtype_
     assert torch.equal(fresh["layer.0.weight"], saved["trained"]["layer.0.weight"].half())
     assert torch.equal(resumed["embed.weight"], saved["masters"]["embed.weight"])  # float32, not rounded
     assert torch.equal(resumed["norm.weight"], fresh["norm.weight"])  # no saved master: the weights'
-    state = read_state_share(_files(tmp_path, "state"), resumed)
-    assert state.keys() == saved["state"].keys()  # every key, so that restore_optimizer checks them all
+
+
+def _sharing_the_update(rank: int, world: int, folder, results) -> None:
+    parameters = {name: tensor.float() for name, tensor in _files(folder, "first", "second").read(NAMES).items()}
+    shards, state = UpdateShards(rank, world), _files(folder, "state")
+    master = _adam(MasterWeights(parameters, sigma=0.1))
+    try:
+        master.restore_optimizer(state, ADAM, shards)
+        error = None
+    except NonFiniteError as raised:
+        error = str(raised)
+    owned = shards.owned({name: tensor.shape for name, tensor in parameters.items()}, NAMES)
+    results[rank] = dict(owned=owned, read=state.names_read, state=master.optimizer.state_dict(), error=error)
+
+
+def test_each_process_sharing_the_update_reads_the_optimizer_state_of_the_tensors_it_owns_only(tmp_path):
+    saved = _checkpoint(tmp_path)
+
+    results = run_on_processes(_sharing_the_update, 2, tmp_path)
+
+    for rank in (0, 1):
+        owned, read, state = results[rank]["owned"], results[rank]["read"], results[rank]["state"]
+        assert {key.rsplit(".", 1)[0] for key in read} == owned != set(NAMES)
+        assert state.keys() == set(read) and all(torch.equal(state[key], saved["state"][key]) for key in state)
+
+
+def _spoil(folder, stem: str, name: str) -> None:
+    """Put a NaN into tensor `name` of `<stem>.safetensors`."""
+    tensors = load_file(folder / f"{stem}.safetensors")
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, folder / f"{stem}.safetensors")
+
+
+@pytest.mark.parametrize("sharing", ["the update", "an engine"])
+def test_a_non_finite_value_in_one_process_s_share_is_raised_by_every_process(tmp_path, sharing):
+    saved = _checkpoint(tmp_path)
+    shapes = {name: torch.Size(SHAPES[name]) for name in NAMES}
+    (spoilt, *_) = sorted(UpdateShards(1, 2).owned(shapes, NAMES))  # EngineShards gives it to rank 1 too
+    if sharing == "the update":
+        _spoil(tmp_path, "state", f"{spoilt}.exp_avg")
+    else:
+        _spoil(tmp_path, "masters", spoilt if spoilt in saved["masters"] else "embed.weight")
+
+    results = run_on_processes(_sharing_the_update if sharing == "the update" else _worker, 2, tmp_path)
+
+    errors = [results[rank]["error"] for rank in (0, 1)]
+    assert errors[0] is not None and errors[0] == errors[1] and "NaN" in errors[0]  # the owner's, raised by both
 
 
 def _worker(rank: int, world: int, folder, results) -> None:
     weights = _files(folder, "first", "second", "trained")
     shards = EngineShards(dist.group.WORLD, {name: weights.shapes[name] for name in NAMES})
-    share = read_master_share(weights, NAMES, torch.bfloat16, shards, _files(folder, "masters"))
-    kept = {
-        name: (tensor.device.type, tensor.shape, None if tensor.is_meta else tensor) for name, tensor in share.items()
-    }
+    masters, state = _files(folder, "masters"), _files(folder, "state")
+    share = read_master_share(weights, NAMES, torch.bfloat16, shards)
+    master = _adam(ShardedMasterWeights(share, sigma=0.1, shards=shards, device="cpu"))  # as the worker's device
+    try:  # as a resumed trainer process: the checkpoint's float32 masters, then its optimizer state
+        master.load_saved(masters)
+        master.restore_optimizer(state, ADAM)
+        error = None
+    except NonFiniteError as raised:
+        error = str(raised)
     owned = {name for name in NAMES if shards.owns(name)}
-    results[rank] = dict(owned=owned, share=kept, state=read_state_share(_files(folder, "state"), share))
+    results[rank] = dict(
+        owned=owned,
+        shapes={name: (tensor.device.type, tensor.shape) for name, tensor in share.items()},
+        read=dict(weights=weights.names_read, masters=masters.names_read, state=state.names_read),
+        master=dict(master.tensors),
+        state=master.optimizer.state_dict(),
+        error=error,
+    )
 
 
 def test_each_worker_of_a_tensor_parallel_engine_reads_the_tensors_it_owns_and_only_the_shapes_of_the_others(tmp_path):
     saved = _checkpoint(tmp_path)
-    alone = read_master_share(_files(tmp_path, "first", "second", "trained"), NAMES, torch.bfloat16,
+    alone = read_master_share(_files(tmp_path, "first", "second", "trained"), NAMES, torch.float32,
                               masters=_files(tmp_path, "masters"))  # fmt: skip
 
     results = run_on_processes(_worker, 2, tmp_path)
@@ -81,13 +173,14 @@ def test_each_worker_of_a_tensor_parallel_engine_reads_the_tensors_it_owns_and_o
     owned = [results[rank]["owned"] for rank in (0, 1)]
     assert owned[0] and owned[1] and owned[0] | owned[1] == set(NAMES) and not owned[0] & owned[1]
     for rank in (0, 1):
-        share, state = results[rank]["share"], results[rank]["state"]
-        assert list(share) == NAMES  # every name and shape, for the broadcasts from the owners
-        for name, (device, shape, tensor) in share.items():
-            assert shape == torch.Size(SHAPES[name])
-            if name in owned[rank]:
-                assert device == "cpu" and torch.equal(tensor, alone[name])
-            else:
-                assert device == "meta"
-        assert {key.rsplit(".", 1)[0] for key in state} == owned[rank]
-        assert all(torch.equal(state[key], saved["state"][key]) for key in state)
+        result, mine = results[rank], owned[rank]
+        assert list(result["shapes"]) == NAMES  # every name and shape, for the broadcasts from the owners
+        for name, (device, shape) in result["shapes"].items():
+            assert shape == torch.Size(SHAPES[name]) and device == ("cpu" if name in mine else "meta")
+        assert set(result["read"]["weights"]) == mine
+        assert set(result["read"]["masters"]) == mine & set(saved["masters"])
+        assert {key.rsplit(".", 1)[0] for key in result["read"]["state"]} == mine
+        assert result["master"].keys() == mine
+        assert result["error"] is None
+        assert all(torch.equal(tensor, alone[name]) for name, tensor in result["master"].items())
+        assert all(torch.equal(tensor, saved["state"][key]) for key, tensor in result["state"].items())

@@ -132,7 +132,7 @@ def build_population(
     master.optimizer = DirectionOptimizer(direction_optimizer_settings(args), offload=args.offload_master)
     if resumed is not None:
         if resumed.lossy_masters:
-            master.load_state_dict({**master.state_dict(), **resumed.lossy_masters})
+            master.load_saved(resumed.lossy_masters)  # read for the tensors this process keeps only
         master.restore_optimizer(resumed.optimizer_state, resumed.metadata, update_shards)
 
     if vllm_mode is None and lowrank:

@@ -36,13 +36,13 @@ import torch
 from .._version import __version__
 from ..compat.vllm import served_model_path, worker_model, worker_tensor_parallel_group
 from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
-from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, OPTIMIZER_FILE
+from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, load_optimizer_state
 from ..core.consistency import engine_fingerprint, layout_free_stats
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.master import MasterWeights
 from ..core.noise import Member
 from ..core.sharded_master import EngineShards, ShardedMasterWeights
-from ..core.tensor_files import TensorFiles, read_master_share, read_state_share
+from ..core.tensor_files import TensorFiles, read_master_share
 from .control_channel import CHECKPOINT_DIR_ENV
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.
@@ -239,9 +239,7 @@ class ESWorkerExtension:
         master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))
         if resumed is not None:
             metadata = json.loads((resumed / ES_STATE_DIR / META_FILE).read_text())
-            state_file = resumed / ES_STATE_DIR / OPTIMIZER_FILE
-            saved = read_state_share(TensorFiles([state_file]), evolving) if state_file.is_file() else {}
-            master.restore_optimizer(saved, metadata)
+            master.restore_optimizer(load_optimizer_state(resumed), metadata)  # each worker reads its share
         state = dict(run_id=run_id, session=session, master=master, frozen=frozen, last_call=time.monotonic())
         self._es_runs()[run_id] = {"session": session, "replaced_at": None}
         self._es_state = state

@@ -15,6 +15,7 @@ import json
 import os
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .guards import check_finite_tensors
+from .tensor_files import TensorFiles, shapes_and_dtypes
 
 ES_STATE_DIR = "es_state"
 MASTER_FILE = "master.safetensors"
@@ -63,9 +65,10 @@ def save_es_state(
     (state_dir / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **metadata}, indent=2))
 
 
-def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
+def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, dict[str, torch.Tensor], dict]:
     """Read `(float32 masters of non-float32 parameters, reference weights, metadata)` from a checkpoint; a file that
-    does not parse is a `ValueError` naming it."""
+    does not parse is a `ValueError` naming it. The masters are read tensor by tensor when asked for: a process that
+    keeps a share of the master reads only that (the master checks each for non-finite values as it loads it)."""
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     if not (state_dir / META_FILE).is_file():
         raise FileNotFoundError(
@@ -80,26 +83,27 @@ def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[dict[str, torch.Te
             "`resume_from_checkpoint=True` to pick the last complete one."
         )
     metadata = json.loads((state_dir / META_FILE).read_text())
-    masters, reference = load_file(state_dir / MASTER_FILE), load_file(state_dir / REFERENCE_FILE)
-    check_finite_tensors(masters, f"The tensors of {state_dir / MASTER_FILE}")
+    reference = load_file(state_dir / REFERENCE_FILE)
     check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
-    return masters, reference, metadata
+    return TensorFiles([state_dir / MASTER_FILE]), reference, metadata
 
 
-def load_optimizer_state(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The `es_optimizer` state tensors of a checkpoint (none where it was written before the optimizer existed)."""
+def load_optimizer_state(checkpoint_dir: str | os.PathLike) -> Mapping[str, torch.Tensor]:
+    """The `es_optimizer` state tensors of a checkpoint (none where it was written before the optimizer existed), read
+    tensor by tensor when asked for: a process keeps the state of the tensors it owns only."""
     path = Path(checkpoint_dir) / ES_STATE_DIR / OPTIMIZER_FILE
-    return load_file(path) if path.is_file() else {}
+    return TensorFiles([path]) if path.is_file() else {}
 
 
 def check_saved_tensors(
     path: str | os.PathLike,
-    saved: dict[str, torch.Tensor],
+    saved: Mapping[str, torch.Tensor],
     parameters: dict[str, torch.Tensor],
     complete: bool = False,
 ) -> None:
     """Refuse tensors read from `path` that are not parameters of the model (or, with `complete`, miss one), that do
-    not have their parameter's shape (a smaller tensor would be broadcast by `copy_`), or are not floating point."""
+    not have their parameter's shape (a smaller tensor would be broadcast by `copy_`), or are not floating point
+    (from the headers alone where `saved` is a [`TensorFiles`])."""
     unknown = sorted(set(saved) - set(parameters))
     missing = sorted(set(parameters) - set(saved)) if complete else []
     if unknown or missing:
@@ -107,11 +111,11 @@ def check_saved_tensors(
             f"{path} does not match the model's evolving parameters: unexpected {unknown[:5]}, missing {missing[:5]}. "
             "Resume with the same model (and PEFT configuration) that wrote the checkpoint."
         )
-    for name, tensor in saved.items():
+    for name, (shape, dtype) in shapes_and_dtypes(saved).items():
         expected = tuple(parameters[name].shape)
-        if tuple(tensor.shape) != expected or not tensor.is_floating_point():
+        if tuple(shape) != expected or not dtype.is_floating_point:
             raise ValueError(
-                f"{path} holds {name!r} as a {tensor.dtype} tensor of shape {tuple(tensor.shape)}, but the model's "
+                f"{path} holds {name!r} as a {dtype} tensor of shape {tuple(shape)}, but the model's "
                 f"parameter has shape {expected}. Resume with the same model (and PEFT configuration) that wrote the "
                 "checkpoint."
             )

@@ -16,12 +16,14 @@ about `lr / sqrt(N)` (z-scored fitness): the same `learning_rate` moves Adam's w
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from .guards import check_finite_tensors
 from .host_memory import host_copy
+from .tensor_files import TensorFiles, shapes_and_dtypes
 
 ES_OPTIMIZERS = ("sgd", "momentum", "adam")
 # The state each optimizer keeps per evolving tensor, saved as "<tensor name>.<suffix>"
@@ -111,9 +113,17 @@ class DirectionOptimizer:
     def metadata(self) -> dict:
         return {"es_optimizer": self.settings.name, "es_optimizer_updates": self.updates}
 
-    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict, shapes: dict[str, torch.Size]) -> None:
+    def load_state_dict(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        metadata: dict,
+        shapes: dict[str, torch.Size],
+        kept: Collection[str] | None = None,
+    ) -> None:
         """Continue from a checkpoint's state: `tensors` and `metadata` as saved, `shapes` the evolving tensors' (a
-        state for another optimizer or another model is refused, naming what differs)."""
+        state for another optimizer or another model is refused, naming what differs). With `kept`, only the state
+        of those tensors is read and kept (every key is still checked against `shapes`, from the file headers where
+        `tensors` is a [`TensorFiles`])."""
         saved = metadata.get("es_optimizer", "sgd")
         if saved != self.settings.name:
             raise ValueError(
@@ -130,12 +140,14 @@ class DirectionOptimizer:
                 f"The checkpoint's es_optimizer state does not match the model: missing {missing[:5]}, unexpected "
                 f"{unexpected[:5]}. Resume with the same model (and PEFT configuration) that wrote the checkpoint."
             )
-        for key, tensor in tensors.items():
-            if tensor.shape != expected[key] or tensor.dtype != torch.float32:
+        for key, (shape, dtype) in shapes_and_dtypes(tensors).items():
+            if shape != expected[key] or dtype != torch.float32:
                 raise ValueError(
-                    f"The checkpoint's es_optimizer state {key!r} is a {tensor.dtype} tensor of shape "
-                    f"{tuple(tensor.shape)}, but it must be float32 of shape {tuple(expected[key])}."
+                    f"The checkpoint's es_optimizer state {key!r} is a {dtype} tensor of shape {tuple(shape)}, but it "
+                    f"must be float32 of shape {tuple(expected[key])}."
                 )
-        check_finite_tensors(tensors, "The saved es_optimizer state")
-        self.state = {key: tensor.clone() for key, tensor in tensors.items()}
+        state = {key: tensors[key] for key in tensors if kept is None or key.rsplit(".", 1)[0] in kept}
+        check_finite_tensors(state, "The saved es_optimizer state")
+        # Tensors read from files are this state's own; others are the caller's, so they are copied.
+        self.state = state if isinstance(tensors, TensorFiles) else {key: t.clone() for key, t in state.items()}
         self.updates = updates

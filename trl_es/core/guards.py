@@ -9,7 +9,7 @@ or NaN, means "not scored" as in TRL; an infinite reward is refused, since no ta
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -96,6 +96,20 @@ def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> tuple[str, int] | N
             if count:
                 return name, count
     return None
+
+
+def agree_on_non_finite(check: Callable[[], None], all_gather: Callable[[object], list]) -> None:
+    """Run `check`, which reads and checks this process's share of something (a checkpoint's master or optimizer
+    state), and raise the `NonFiniteError` that any process of `all_gather`'s group found on all of them: a process
+    that raised alone would leave the others waiting in their next collective."""
+    try:
+        check()
+        error = None
+    except NonFiniteError as raised:
+        error = str(raised)
+    errors = [found for found in all_gather(error) if found is not None]
+    if errors:
+        raise NonFiniteError(errors[0])
 
 
 def check_finite_tensors(tensors: Mapping[str, torch.Tensor], what: str) -> None:

@@ -7,14 +7,15 @@ one cycle. The update is accumulated and applied in float32, because a bf16 step
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
 from .consistency import master_digest, optimizer_digest
 from .direction_optimizer import STATE_SUFFIXES, DirectionOptimizer
-from .guards import check_finite_tensors, check_step_fits, check_update_settings
+from .guards import agree_on_non_finite, check_finite_tensors, check_step_fits, check_update_settings
 from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
 from .update_shards import UpdateShards
@@ -167,18 +168,21 @@ class MasterWeights:
         return [name for name in self.tensors if not self.is_frozen(name)]
 
     def restore_optimizer(
-        self, tensors: dict[str, torch.Tensor], metadata: dict, shards: UpdateShards | None = None
+        self, tensors: Mapping[str, torch.Tensor], metadata: dict, shards: UpdateShards | None = None
     ) -> None:
         """Continue a checkpoint's `es_optimizer` state (its tensors and `es_state.json`), checked against the
         tensors this master updates, and moved to their device (a checkpoint is read onto the CPU). With `shards`,
-        this process keeps the state of the tensors it owns only."""
+        this process reads and keeps the state of the tensors it owns only, and the processes raise a non-finite
+        value that one of them found together (collective)."""
         shapes = {name: self.shapes[name] for name in self.updated_names()}
-        owned = set(shapes) if shards is None else shards.owned(shapes, list(shapes))
-        self.optimizer.load_state_dict(tensors, metadata, shapes)
+        if shards is None:
+            self.optimizer.load_state_dict(tensors, metadata, shapes)
+        else:
+            owned = shards.owned(shapes, list(shapes))
+            load = functools.partial(self.optimizer.load_state_dict, tensors, metadata, shapes, kept=owned)
+            agree_on_non_finite(load, shards.all_gather)
         place = host_copy if isinstance(self.tensors, HostTensors) else (lambda tensor: tensor.to(self.device))
-        self.optimizer.state = {
-            key: place(tensor) for key, tensor in self.optimizer.state.items() if key.rsplit(".", 1)[0] in owned
-        }
+        self.optimizer.state = {key: place(tensor) for key, tensor in self.optimizer.state.items()}
 
     def optimizer_state(self, shards: UpdateShards | None = None) -> dict[str, torch.Tensor]:
         """The whole `es_optimizer` state, as a checkpoint saves it: with `shards`, gathered from the tensors' owners
@@ -211,6 +215,13 @@ class MasterWeights:
         """Every tensor of the master, as a checkpoint saves it (collective where the master is split over processes;
         `keep=False`: a process that saves nothing takes part without keeping the tensors)."""
         return self.state_dict() if keep else {}
+
+    def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
+        """Load the tensors of `saved` (a checkpoint's masters, read as they are asked for) that this master keeps;
+        the others keep their values (collective where [`load_state_dict`] is)."""
+        self.load_state_dict(
+            {name: saved[name] if name in saved else kept for name, kept in self.state_dict().items()}
+        )
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         missing = sorted(set(self.tensors) - set(tensors))

@@ -8,14 +8,15 @@ process then holds about 1/k of the master; members and updates are bitwise thos
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
 from .consistency import combined_digest, optimizer_digest, optimizer_state_digests, tensor_digests
 from .direction_optimizer import STATE_SUFFIXES
-from .guards import NonFiniteError
+from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
 from .update_shards import UpdateShards
@@ -112,10 +113,13 @@ class ShardedMasterWeights(MasterWeights):
             squared_norm += merged[name]
         return math.sqrt(squared_norm)
 
-    def restore_optimizer(self, tensors: dict[str, torch.Tensor], metadata: dict, shards=None) -> None:
-        """Continue a checkpoint's `es_optimizer` state: each process keeps the state of the tensors it owns."""
-        owned = {key: tensor for key, tensor in tensors.items() if key.rsplit(".", 1)[0] in self.tensors}
-        super().restore_optimizer(owned, metadata, None)
+    def restore_optimizer(self, tensors: Mapping[str, torch.Tensor], metadata: dict, shards=None) -> None:
+        """Continue a checkpoint's `es_optimizer` state: each process reads, checks and keeps the state of the tensors
+        it owns (collective: a non-finite value found by one is raised by all)."""
+        owned = {key: tensors[key] for key in tensors if key.rsplit(".", 1)[0] in self.tensors}
+        agree_on_non_finite(
+            functools.partial(super().restore_optimizer, owned, metadata, None), self.shards.all_gather
+        )
 
     def optimizer_state(self, shards=None) -> dict[str, torch.Tensor]:
         """The whole `es_optimizer` state, each tensor's from its owner (collective)."""
@@ -140,8 +144,10 @@ class ShardedMasterWeights(MasterWeights):
         return {name: value for name, value in self.centre() if keep}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Load the owned tensors from `tensors` (a whole master, or any part holding them)."""
-        super().load_state_dict({name: tensor for name, tensor in tensors.items() if name in self.tensors})
+        """Load the owned tensors from `tensors` (a whole master, or any part holding them; collective: a non-finite
+        value found by one process is raised by all)."""
+        owned = {name: tensors[name] for name in tensors if name in self.tensors}
+        agree_on_non_finite(functools.partial(super().load_state_dict, owned), self.shards.all_gather)
 
     def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
         """As [`MasterWeights.relative_distance`], reading the tensors other processes own from the model's

@@ -1,25 +1,45 @@
-"""Tensors of safetensors files, read by name: a process that keeps a share of a model reads only that share.
+"""Tensors of safetensors files, read by name: a process that keeps a share of a model or of its ES state reads only
+that share.
 
-A worker of a tensor-parallel engine owns the master of some tensors only. Reading whole files (`load_file`) put the
-whole checkpoint in host memory once per worker before it kept its share: eight copies of a 70B model on a node of
-eight GPUs. The headers say every tensor's shape without reading it, which is all ownership needs.
+The processes of a tensor-parallel engine (and, with `shard_update`, the processes that share the update) each keep
+the master or the `es_optimizer` state of some tensors only. Reading whole files (`load_file`) put all of it in host
+memory once per process before each kept its share: for a 70B model on a node of eight, eight copies of its 140 GB of
+weights at a server's start, and of its 280 GB master and 560 GB adam state at a resume. The headers say every
+tensor's shape and dtype without reading it, which is all ownership and the checks need.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
 
-from .sharded_master import EngineShards
+# The dtype names of safetensors headers.
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 
 
-class TensorFiles:
-    """Where each tensor of `files` lies; a tensor in several files is read from the last (a checkpoint listed after
-    the model it was trained from overrides it).
+class TensorFiles(Mapping[str, torch.Tensor]):
+    """The tensors of safetensors `files` by name, each read from its file when asked for (names, shapes and dtypes
+    come from the headers). A tensor in several files is read from the last: a checkpoint listed after the model it
+    was trained from overrides it.
 
     Args:
         files (`list[str | os.PathLike]`): The safetensors files, in order.
@@ -28,14 +48,28 @@ class TensorFiles:
     def __init__(self, files: Iterable[str | os.PathLike]):
         self.file_of: dict[str, Path] = {}
         self.shapes: dict[str, torch.Size] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
         for file in files:
             with safe_open(file, framework="pt") as handle:
                 for name in handle.keys():
+                    header = handle.get_slice(name)
                     self.file_of[name] = Path(file)
-                    self.shapes[name] = torch.Size(handle.get_slice(name).get_shape())
+                    self.shapes[name] = torch.Size(header.get_shape())
+                    self.dtypes[name] = TORCH_DTYPES[header.get_dtype()]
 
-    def __contains__(self, name: str) -> bool:
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.file_of:
+            raise KeyError(name)
+        return self.read([name])[name]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
         return name in self.file_of
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.file_of)
+
+    def __len__(self) -> int:
+        return len(self.file_of)
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         """The tensors `names`, in that order, each read from its file alone (opened once per file)."""
@@ -50,11 +84,24 @@ class TensorFiles:
         return {name: tensors[name] for name in names}
 
 
+def shapes_and_dtypes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Each tensor's shape and dtype: from the headers of [`TensorFiles`] (nothing is read), else from the tensors."""
+    if isinstance(tensors, TensorFiles):
+        return {name: (tensors.shapes[name], tensors.dtypes[name]) for name in tensors}
+    return {name: (tensor.shape, tensor.dtype) for name, tensor in tensors.items()}
+
+
+class Owners(Protocol):
+    """Who keeps which tensor: [`EngineShards`] for the processes of a tensor-parallel engine."""
+
+    def owns(self, name: str) -> bool: ...
+
+
 def read_master_share(
     weights: TensorFiles,
     names: list[str],
     dtype: torch.dtype,
-    shards: EngineShards | None = None,
+    shards: Owners | None = None,
     masters: TensorFiles | None = None,
 ) -> dict[str, torch.Tensor]:
     """The starting tensors of a master of the parameters `names`, in host memory: read from `weights` and rounded
@@ -69,13 +116,6 @@ def read_master_share(
     if masters is not None:
         tensors.update(masters.read(name for name in kept if name in masters))
     return {name: tensors.get(name, _on_meta(weights.shapes[name], dtype)) for name in names}
-
-
-def read_state_share(state: TensorFiles, master: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The optimizer state tensors (`<parameter>.<suffix>`) of `state`, less those of the parameters that `master`
-    holds on the meta device (another process owns them); what is read is checked by `restore_optimizer`."""
-    others = {name for name, tensor in master.items() if tensor.is_meta}
-    return state.read(key for key in state.file_of if key.rsplit(".", 1)[0] not in others)
 
 
 def _on_meta(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:

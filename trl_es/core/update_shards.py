@@ -41,6 +41,12 @@ class UpdateShards:
         """The tensors whose direction (and `es_optimizer` state) this process computes and keeps."""
         return {round_names[self.rank] for round_names in self.rounds(shapes, names) if self.rank < len(round_names)}
 
+    def all_gather(self, value) -> list:
+        """Every process's `value`, in rank order (collective)."""
+        gathered = [None] * self.num_processes
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
+
     def directions(
         self,
         shapes: Mapping[str, torch.Size],

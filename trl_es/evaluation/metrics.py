@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..core.pass_at_k import pass_at_k  # noqa: F401  (re-exported: it lives in core, for ES's Pass@k fitness too)
+from ..core.tensor_files import SAFETENSORS_DTYPES, TORCH_DTYPES
 
 
 def _majority(answers: Sequence[str | None]) -> str | None:
@@ -85,24 +86,6 @@ def population_diversity(completion_rewards, num_generations: int, success_thres
     return sum(js_diversity(row.tolist()) for row in success_probs) / len(success_probs)
 
 
-# safetensors' names of the dtypes a model's parameters come in
-_SAFETENSORS_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-_TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
-
-
 class StartingWeights(Mapping[str, torch.Tensor]):
     """Named tensors kept in a safetensors file instead of memory, read back one at a time (as CPU tensors, bitwise in
     the dtype they were written in): the run's starting weights, for `es/param_distance` and checkpoints.
@@ -130,11 +113,11 @@ class StartingWeights(Mapping[str, torch.Tensor]):
             os.close(handle)
         header, offset = {}, 0
         for name, tensor in tensors.items():
-            if tensor.dtype not in _SAFETENSORS_DTYPES:
+            if tensor.dtype not in SAFETENSORS_DTYPES:
                 raise TypeError(f"Cannot store {name!r} of dtype {tensor.dtype} in safetensors.")
             size = tensor.numel() * tensor.element_size()
             header[name] = {
-                "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+                "dtype": SAFETENSORS_DTYPES[tensor.dtype],
                 "shape": list(tensor.shape),
                 "data_offsets": [offset, offset + size],
             }
@@ -154,7 +137,7 @@ class StartingWeights(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         entry = self._entries[name]
-        dtype, shape = _TORCH_DTYPES[entry["dtype"]], entry["shape"]
+        dtype, shape = TORCH_DTYPES[entry["dtype"]], entry["shape"]
         begin, end = entry["data_offsets"]
         if begin == end:
             return torch.empty(shape, dtype=dtype)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,13 +95,15 @@ def run_metadata(global_step: int, counters: StepCounters, reward_names: list[st
 @dataclass
 class ResumedRun:
     """What a resume reads from a checkpoint's ES state: the float32 masters of the parameters the model rounds, the
-    run's starting weights, and the step counters."""
+    run's starting weights, the step counters and the `es_optimizer` state. The masters and the optimizer state are
+    read tensor by tensor as the population asks for them: a process that keeps a share of them (the processes of a
+    tensor-parallel engine, or with `shard_update`) reads its share only."""
 
     checkpoint: str
-    lossy_masters: dict[str, torch.Tensor]
+    lossy_masters: Mapping[str, torch.Tensor]
     reference: dict[str, torch.Tensor]
     counters: StepCounters
-    optimizer_state: dict[str, torch.Tensor]
+    optimizer_state: Mapping[str, torch.Tensor]
     metadata: dict  # es_state.json: the run settings, and the optimizer's number of updates
 
     @classmethod
@@ -113,7 +117,9 @@ class ResumedRun:
         check_saved_tensors(state_dir / REFERENCE_FILE, reference, parameters, complete=True)
         # The model already holds the checkpoint's weights: they are the master wherever they are float32. Where the
         # model now rounds them (a float32 run resumed in bf16), the master comes from the checkpoint's float32 files.
-        lossy_masters.update(_float32_masters_from_model_files(checkpoint, parameters, lossy_masters))
+        lossy_masters = ChainMap(
+            _float32_masters_from_model_files(checkpoint, parameters, lossy_masters), lossy_masters
+        )
         counters = StepCounters(metadata.get("skipped_steps", 0), metadata.get("degenerate_steps", 0))
         return cls(checkpoint, lossy_masters, reference, counters, load_optimizer_state(checkpoint), metadata)
 
