@@ -47,10 +47,9 @@ class _CountedFiles(TensorFiles):
         super().__init__(files)
         self.names_read = []
 
-    def read(self, names):
-        tensors = super().read(names)
-        self.names_read += list(tensors)
-        return tensors
+    def __getitem__(self, name):
+        self.names_read.append(name)
+        return super().__getitem__(name)
 
 
 def _files(folder, *stems) -> _CountedFiles:
@@ -77,6 +76,22 @@ def test_tensor_files_know_names_shapes_and_dtypes_from_the_headers_and_read_a_t
     assert torch.equal(weights["layer.0.weight"], saved["trained"]["layer.0.weight"])  # the checkpoint, listed last
     with pytest.raises(KeyError, match="lm_head.weight"):
         weights["lm_head.weight"]
+
+
+def test_a_file_cut_off_inside_a_tensor_is_refused_naming_the_file_and_the_tensor(tmp_path):
+    _checkpoint(tmp_path)
+    path = tmp_path / "first.safetensors"
+    path.write_bytes(path.read_bytes()[:-10])  # the last tensor's last bytes
+
+    files, refused = TensorFiles([path]), {}  # the header is whole
+    for name in files:
+        try:
+            files[name]
+        except ValueError as error:
+            refused[name] = str(error)
+    assert len(refused) == 1  # the tensor stored last; the other reads whole
+    ((name, message),) = refused.items()
+    assert f"first.safetensors ends inside tensor {name!r}" in message
 
 
 def test_an_unsplit_master_reads_every_tensor_rounded_through_the_trainer_dtype_or_the_saved_float32_master(tmp_path):

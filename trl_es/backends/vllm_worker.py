@@ -233,7 +233,7 @@ class ESWorkerExtension:
         if shards is None:
             master = MasterWeights(evolving, float(sigma), device=device)
             # The frozen tensors feed only an unsplit master's prediction of the engine's statistics (`es_checksum`).
-            frozen = list(weights.read(name for name in weights.file_of if name not in evolving).values())
+            frozen = list(weights.read(name for name in weights if name not in evolving).values())
         else:
             master, frozen = ShardedMasterWeights(evolving, float(sigma), shards, device=device), []
         master.optimizer = DirectionOptimizer(DirectionOptimizerSettings(**json.loads(optimizer_json)))

@@ -175,14 +175,21 @@ class MasterWeights:
         this process reads and keeps the state of the tensors it owns only, and the processes raise a non-finite
         value that one of them found together (collective)."""
         shapes = {name: self.shapes[name] for name in self.updated_names()}
-        if shards is None:
-            self.optimizer.load_state_dict(tensors, metadata, shapes)
+        kept = None if shards is None else shards.owned(shapes, list(shapes))
+        self._restore_optimizer(tensors, metadata, shapes, kept, None if shards is None else shards.all_gather)
+
+    def _restore_optimizer(self, tensors, metadata, shapes, kept, all_gather) -> None:
+        """Load the `es_optimizer` state of the tensors `kept` (None: all) after checking every saved key against
+        `shapes`; the processes of `all_gather`'s group raise a non-finite value that one of them read together."""
+        load = functools.partial(self.optimizer.load_state_dict, tensors, metadata, shapes, kept=kept)
+        if all_gather is None:
+            load()
         else:
-            owned = shards.owned(shapes, list(shapes))
-            load = functools.partial(self.optimizer.load_state_dict, tensors, metadata, shapes, kept=owned)
-            agree_on_non_finite(load, shards.all_gather)
+            agree_on_non_finite(load, all_gather)
         place = host_copy if isinstance(self.tensors, HostTensors) else (lambda tensor: tensor.to(self.device))
-        self.optimizer.state = {key: place(tensor) for key, tensor in self.optimizer.state.items()}
+        state = self.optimizer.state
+        for key in list(state):  # one at a time: each tensor read is let go as its copy is made
+            state[key] = place(state[key])
 
     def optimizer_state(self, shards: UpdateShards | None = None) -> dict[str, torch.Tensor]:
         """The whole `es_optimizer` state, as a checkpoint saves it: with `shards`, gathered from the tensors' owners

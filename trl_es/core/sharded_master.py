@@ -116,10 +116,8 @@ class ShardedMasterWeights(MasterWeights):
     def restore_optimizer(self, tensors: Mapping[str, torch.Tensor], metadata: dict, shards=None) -> None:
         """Continue a checkpoint's `es_optimizer` state: each process reads, checks and keeps the state of the tensors
         it owns (collective: a non-finite value found by one is raised by all)."""
-        owned = {key: tensors[key] for key in tensors if key.rsplit(".", 1)[0] in self.tensors}
-        agree_on_non_finite(
-            functools.partial(super().restore_optimizer, owned, metadata, None), self.shards.all_gather
-        )
+        shapes = {name: parameter.shape for name, parameter in self.parameters.items()}  # every key is checked
+        self._restore_optimizer(tensors, metadata, shapes, set(self.tensors), self.shards.all_gather)
 
     def optimizer_state(self, shards=None) -> dict[str, torch.Tensor]:
         """The whole `es_optimizer` state, each tensor's from its owner (collective)."""

@@ -10,13 +10,13 @@ tensor's shape and dtype without reading it, which is all ownership and the chec
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors import safe_open
 
 # The dtype names of safetensors headers.
 SAFETENSORS_DTYPES = {
@@ -36,57 +36,85 @@ SAFETENSORS_DTYPES = {
 TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 
 
+class SafetensorsFile(Mapping[str, torch.Tensor]):
+    """The tensors of one safetensors file by name, each read when asked for with plain file I/O (as a CPU tensor,
+    bitwise in its stored dtype): the file is never mapped into the process, so reading tensors one at a time holds
+    one tensor at a time. (`safe_open` maps the file, and every tensor read through one handle stays resident until
+    the handle closes.)
+
+    Args:
+        path (`str` or `os.PathLike`): The file.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with open(self.path, "rb") as file:
+            header_size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(header_size))
+        header.pop("__metadata__", None)
+        self._data_start = 8 + header_size
+        self._entries = header
+        self.shapes = {name: torch.Size(entry["shape"]) for name, entry in header.items()}
+        self.dtypes = {name: TORCH_DTYPES[entry["dtype"]] for name, entry in header.items()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        begin, end = self._entries[name]["data_offsets"]
+        if begin == end:
+            return torch.empty(self.shapes[name], dtype=self.dtypes[name])
+        data = bytearray(end - begin)
+        with open(self.path, "rb") as file:
+            file.seek(self._data_start + begin)
+            if file.readinto(data) != len(data):
+                raise ValueError(f"{self.path} ends inside tensor {name!r}: it was cut off while being written.")
+        return torch.frombuffer(data, dtype=self.dtypes[name]).reshape(self.shapes[name])
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class TensorFiles(Mapping[str, torch.Tensor]):
     """The tensors of safetensors `files` by name, each read from its file when asked for (names, shapes and dtypes
-    come from the headers). A tensor in several files is read from the last: a checkpoint listed after the model it
-    was trained from overrides it.
+    come from the headers; see [`SafetensorsFile`]). A tensor in several files is read from the last: a checkpoint
+    listed after the model it was trained from overrides it.
 
     Args:
         files (`list[str | os.PathLike]`): The safetensors files, in order.
     """
 
     def __init__(self, files: Iterable[str | os.PathLike]):
-        self.file_of: dict[str, Path] = {}
-        self.shapes: dict[str, torch.Size] = {}
-        self.dtypes: dict[str, torch.dtype] = {}
-        for file in files:
-            with safe_open(file, framework="pt") as handle:
-                for name in handle.keys():
-                    header = handle.get_slice(name)
-                    self.file_of[name] = Path(file)
-                    self.shapes[name] = torch.Size(header.get_shape())
-                    self.dtypes[name] = TORCH_DTYPES[header.get_dtype()]
+        self._file_of: dict[str, SafetensorsFile] = {}
+        for path in files:
+            file = SafetensorsFile(path)
+            self._file_of.update(dict.fromkeys(file, file))
+        self.shapes = {name: file.shapes[name] for name, file in self._file_of.items()}
+        self.dtypes = {name: file.dtypes[name] for name, file in self._file_of.items()}
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self.file_of:
-            raise KeyError(name)
-        return self.read([name])[name]
+        return self._file_of[name][name]
 
     def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
-        return name in self.file_of
+        return name in self._file_of
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.file_of)
+        return iter(self._file_of)
 
     def __len__(self) -> int:
-        return len(self.file_of)
+        return len(self._file_of)
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        """The tensors `names`, in that order, each read from its file alone (opened once per file)."""
-        names = list(names)
-        by_file: dict[Path, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self.file_of[name], []).append(name)
-        tensors = {}
-        for file, in_file in by_file.items():
-            with safe_open(file, framework="pt") as handle:
-                tensors.update({name: handle.get_tensor(name) for name in in_file})
-        return {name: tensors[name] for name in names}
+        """The tensors `names`, in that order."""
+        return {name: self[name] for name in names}
 
 
 def shapes_and_dtypes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
     """Each tensor's shape and dtype: from the headers of [`TensorFiles`] (nothing is read), else from the tensors."""
-    if isinstance(tensors, TensorFiles):
+    if isinstance(tensors, (TensorFiles, SafetensorsFile)):
         return {name: (tensors.shapes[name], tensors.dtypes[name]) for name in tensors}
     return {name: (tensor.shape, tensor.dtype) for name, tensor in tensors.items()}
 

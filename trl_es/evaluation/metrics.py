@@ -20,13 +20,12 @@ import random
 import tempfile
 import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from ..core.pass_at_k import pass_at_k  # noqa: F401  (re-exported: it lives in core, for ES's Pass@k fitness too)
-from ..core.tensor_files import SAFETENSORS_DTYPES, TORCH_DTYPES
+from ..core.tensor_files import SAFETENSORS_DTYPES, SafetensorsFile
 
 
 def _majority(answers: Sequence[str | None]) -> str | None:
@@ -86,22 +85,13 @@ def population_diversity(completion_rewards, num_generations: int, success_thres
     return sum(js_diversity(row.tolist()) for row in success_probs) / len(success_probs)
 
 
-class StartingWeights(Mapping[str, torch.Tensor]):
+class StartingWeights(SafetensorsFile):
     """Named tensors kept in a safetensors file instead of memory, read back one at a time (as CPU tensors, bitwise in
     the dtype they were written in): the run's starting weights, for `es/param_distance` and checkpoints.
 
     Writing and reading go through plain file I/O, tensor by tensor, so neither ever holds more than one tensor (nor
     maps the file into the process). Use [`StartingWeights.write`] to create one.
     """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        with open(self.path, "rb") as file:
-            header_size = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(header_size))
-        header.pop("__metadata__", None)
-        self._data_start = 8 + header_size
-        self._entries = header
 
     @classmethod
     def write(cls, tensors: Mapping[str, torch.Tensor], path: str | os.PathLike | None = None) -> StartingWeights:
@@ -134,24 +124,6 @@ class StartingWeights(Mapping[str, torch.Tensor]):
         if owned:
             weakref.finalize(weights, _remove_file, str(path))
         return weights
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        entry = self._entries[name]
-        dtype, shape = TORCH_DTYPES[entry["dtype"]], entry["shape"]
-        begin, end = entry["data_offsets"]
-        if begin == end:
-            return torch.empty(shape, dtype=dtype)
-        data = bytearray(end - begin)
-        with open(self.path, "rb") as file:
-            file.seek(self._data_start + begin)
-            file.readinto(data)
-        return torch.frombuffer(data, dtype=dtype).reshape(shape)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
