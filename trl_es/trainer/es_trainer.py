@@ -36,7 +36,6 @@ from ..compat.trl import (
 from ..core.distributed import (
     Evaluators,
     check_ranks_agree,
-    gather_members,
     whole_batch,
 )
 from ..core.fitness import (
@@ -48,8 +47,8 @@ from ..core.fitness import (
     weighted_rewards,
 )
 from ..core.guards import check_finite_tensors, check_fitness
-from ..core.noise import Member, sampling_seed
 from ..core.noise import population as population_members
+from ..core.noise import sampling_seed
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
 from . import evaluation, hub, kl_probe, resume, step_logging
@@ -71,9 +70,9 @@ from .noise_scale import NoiseScale
 from .output_lock import hold_output_dir
 from .preemption import stop_on_preemption
 from .reward_checks import checked_reward_function
-from .rollouts import check_prompts_fit, context_length, tokenize_prompts, tokenizer_of, truncation_mask
+from .rollouts import context_length, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
-from .scoring import MemberCompletions, MemberScores, score_members
+from .scoring import generate_and_score
 from .trainer_population import build_trainer_population
 
 logger = logging.getLogger(__name__)
@@ -294,8 +293,9 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         logged_metrics(self, "train")["es/sigma"].append(population.master.sigma)
         members = population_members(args.member_noise_seed, step, args.population_size, args.antithetic)
         # Every member answers the same prompts; with sampling, row j of every member uses the same seed.
-        generated, scores = self._generate_and_score(
-            inputs, members, sampling_seed(args.member_noise_seed, step), timer
+        self._unscored.clear()  # None and NaN rewards of this step, counted by the checked reward functions
+        generated, scores = generate_and_score(
+            self, inputs, members, sampling_seed(args.member_noise_seed, step), timer
         )
         prompts = generated.prompts[0]
         with divergence_stops_training(step, args.output_dir):  # before anything is shaped or applied
@@ -350,40 +350,6 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         if counters.count_direction(shaped) and self.accelerator.is_main_process:
             if counters.degenerate_streak % self.warn_after_degenerate_steps == 0:
                 logger.warning(degenerate_steps_warning(counters, fitness, self.state.global_step))
-
-    def _generate_and_score(
-        self, inputs: list[dict], members: list[Member], seed: int, timer: PhaseTimer
-    ) -> tuple[MemberCompletions, MemberScores]:
-        """This process's members' completions (`members`: the whole population) and the whole population's rewards.
-        A plain step generates every member in one backend call; with agents (`tools`, `environment_factory`,
-        `rollout_func`) members run their rollouts group by group, each group scored before its environments are
-        reused. With `mask_truncated_completions`, a completion that ended without EOS scores nothing."""
-        local = self.evaluators.members(members)
-        self._unscored.clear()  # None and NaN rewards of this step, counted by the checked reward functions
-        if not self.agents.active:
-            prompts = [example["prompt"] for example in inputs]
-            template, template_kwargs = self.chat_template, self.chat_template_kwargs
-            prompt_ids = tokenize_prompts(self.processing_class, prompts, template, template_kwargs)
-            check_prompts_fit(prompts, prompt_ids, self.args.max_completion_length, self.context_length)
-            completion_ids = self.population.backend.generate(local, prompt_ids, self.sampling, seed, timer)
-            generated = MemberCompletions.of_one_turn(prompts, prompt_ids, completion_ids)
-            with timer("reward"):
-                scores = score_members(self, inputs, generated)
-        else:
-            parts = []
-            indices = {member: index for index, member in enumerate(members)}
-            for group in self.agents.groups(self.population.backend, local):
-                rollouts = self.agents.generate(self, group, [indices[m] for m in group], inputs, seed, timer)
-                with timer("reward"):
-                    parts.append((rollouts, score_members(self, inputs, rollouts)))
-            generated = MemberCompletions.joined([rollouts for rollouts, _ in parts])
-            scores = MemberScores.joined([part for _, part in parts])
-        if self.args.mask_truncated_completions:
-            truncation = truncation_mask(generated.completion_ids, self.tokens)
-            truncated = gather_members(self.accelerator, truncation, self.evaluators)
-            scores.rewards_per_func[truncated] = float("nan")  # no fitness contribution, as no loss in GRPO
-            scores.truncated = truncated
-        return generated, scores
 
     def _skip_unscored_step(self, scores, completion_rewards, generated, timer) -> None:
         """A step whose completions no reward function scored has no fitness: make no update, warn, count it."""

@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..agents.tool_calls import ToolCounts
+from ..backends.base import PhaseTimer
 from ..compat.trl import calculate_rewards, logged_metrics, set_reward_environments, take_reward_logs
-from .rollouts import decode_completions
+from ..core.distributed import gather_members
+from ..core.noise import Member
+from .rollouts import check_prompts_fit, decode_completions, tokenize_prompts, truncation_mask
 
 
 @dataclass
@@ -113,3 +116,38 @@ def score_members(trainer, inputs: list[dict], generated: MemberCompletions) -> 
     for name, values in logged.items():
         logged_metrics(trainer, "train")[name].append(sum(values) / len(values))
     return MemberScores(torch.cat(rounds), completions, columns)
+
+
+def generate_and_score(
+    trainer, inputs: list[dict], members: list[Member], seed: int, timer: PhaseTimer
+) -> tuple[MemberCompletions, MemberScores]:
+    """`trainer`'s step: this process's members' completions (`members`: the whole population) and the whole
+    population's rewards. A plain step generates every member in one backend call; with agents (`tools`,
+    `environment_factory`, `rollout_func`) members run their rollouts group by group, each group scored before its
+    environments are reused. With `mask_truncated_completions`, a completion that ended without EOS scores nothing."""
+    args, backend = trainer.args, trainer.population.backend
+    local = trainer.evaluators.members(members)
+    if not trainer.agents.active:
+        prompts = [example["prompt"] for example in inputs]
+        template, template_kwargs = trainer.chat_template, trainer.chat_template_kwargs
+        prompt_ids = tokenize_prompts(trainer.processing_class, prompts, template, template_kwargs)
+        check_prompts_fit(prompts, prompt_ids, args.max_completion_length, trainer.context_length)
+        completion_ids = backend.generate(local, prompt_ids, trainer.sampling, seed, timer)
+        generated = MemberCompletions.of_one_turn(prompts, prompt_ids, completion_ids)
+        with timer("reward"):
+            scores = score_members(trainer, inputs, generated)
+    else:
+        parts = []
+        indices = {member: index for index, member in enumerate(members)}
+        for group in trainer.agents.groups(backend, local):
+            rollouts = trainer.agents.generate(trainer, group, [indices[m] for m in group], inputs, seed, timer)
+            with timer("reward"):
+                parts.append((rollouts, score_members(trainer, inputs, rollouts)))
+        generated = MemberCompletions.joined([rollouts for rollouts, _ in parts])
+        scores = MemberScores.joined([part for _, part in parts])
+    if args.mask_truncated_completions:
+        truncation = truncation_mask(generated.completion_ids, trainer.tokens)
+        truncated = gather_members(trainer.accelerator, truncation, trainer.evaluators)
+        scores.rewards_per_func[truncated] = float("nan")  # no fitness contribution, as no loss in GRPO
+        scores.truncated = truncated
+    return generated, scores
