@@ -3,9 +3,7 @@ bit for bit, and failures lose nothing. Resume checks what it loads (issue 16, p
 files do not parse is skipped or refused by name, the float32 master survives a change of dtype, and a changed setting
 is named (a changed learning_rate says that the saved schedule wins)."""
 
-import gc
 import json
-import weakref
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from transformers import AutoModelForCausalLM
 from trl_es import ESTrainer
 from trl_es.core.checkpoint import last_complete_checkpoint
 from trl_es.testing import digit_fraction
-from trl_es.trainer.resume import ResumedRun
 
 
 def resumable_config(make_config, **overrides):
@@ -54,25 +51,17 @@ def test_resume_continues_the_run_bit_for_bit(tiny_model_path, prompts, make_con
     assert first_log["es/param_distance"] == resumed_log["es/param_distance"]  # measured from the run's start
 
 
-def test_a_resumed_run_keeps_no_copy_of_its_checkpoint_once_its_population_holds_it(
-    tiny_model_path, prompts, make_config, monkeypatch
+def test_a_released_population_of_a_resumed_run_is_built_again_from_the_model_not_from_its_checkpoint(
+    tiny_model_path, prompts, make_config
 ):
     config = resumable_config(make_config, model_init_kwargs={"dtype": "bfloat16"})
     ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
-    loaded, load = [], ResumedRun.load
-    monkeypatch.setattr(ResumedRun, "load", lambda *args: loaded.append(load(*args)) or loaded[-1])
-
     resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     resumed.train(resume_from_checkpoint=str(Path(config.output_dir) / "checkpoint-2"))
 
-    # The checkpoint's starting weights, a copy per process of 2 bytes per parameter, were held for the whole run (its
-    # float32 masters too, before they were read from the file as the population asks for them).
-    held = [weakref.ref(tensor) for tensor in loaded[0].reference.values()]
-    loaded.clear()
-    gc.collect()
-    assert held and all(ref() is None for ref in held)
-    # A released population is built again from the model's weights, not from the checkpoint's step-2 masters.
-    resumed.release_population()
+    resumed.release_population()  # as a SequentialTrainer does when it shuts the stage's engine down
+
+    # A bfloat16 model: the checkpoint's float32 masters of step 2 differ from the weights of step 4.
     model = dict(resumed.model.named_parameters())
     assert all(torch.equal(tensor, model[name].float()) for name, tensor in resumed.population.master.tensors.items())
 

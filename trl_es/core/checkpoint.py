@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .guards import check_finite_tensors
@@ -65,10 +65,11 @@ def save_es_state(
     (state_dir / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **metadata}, indent=2))
 
 
-def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, dict[str, torch.Tensor], dict]:
+def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, TensorFiles, dict]:
     """Read `(float32 masters of non-float32 parameters, reference weights, metadata)` from a checkpoint; a file that
-    does not parse is a `ValueError` naming it. The masters are read tensor by tensor when asked for: a process that
-    keeps a share of the master reads only that (the master checks each for non-finite values as it loads it)."""
+    does not parse is a `ValueError` naming it. Tensors are read one at a time when asked for: a process that keeps a
+    share of the master reads only that (the master checks each for non-finite values as it loads it), and the
+    reference weights are checked here one tensor at a time."""
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     if not (state_dir / META_FILE).is_file():
         raise FileNotFoundError(
@@ -83,7 +84,7 @@ def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, dict[
             "`resume_from_checkpoint=True` to pick the last complete one."
         )
     metadata = json.loads((state_dir / META_FILE).read_text())
-    reference = load_file(state_dir / REFERENCE_FILE)
+    reference = TensorFiles([state_dir / REFERENCE_FILE])
     check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
     return TensorFiles([state_dir / MASTER_FILE]), reference, metadata
 

@@ -95,13 +95,13 @@ def run_metadata(global_step: int, counters: StepCounters, reward_names: list[st
 @dataclass
 class ResumedRun:
     """What a resume reads from a checkpoint's ES state: the float32 masters of the parameters the model rounds, the
-    run's starting weights, the step counters and the `es_optimizer` state. The masters and the optimizer state are
-    read tensor by tensor as the population asks for them: a process that keeps a share of them (the processes of a
+    run's starting weights, the step counters and the `es_optimizer` state. The tensors are read one at a time as
+    they are asked for: a process that keeps a share of the masters and the optimizer state (the processes of a
     tensor-parallel engine, or with `shard_update`) reads its share only."""
 
     checkpoint: str
     lossy_masters: Mapping[str, torch.Tensor]
-    reference: dict[str, torch.Tensor]
+    reference: Mapping[str, torch.Tensor]
     counters: StepCounters
     optimizer_state: Mapping[str, torch.Tensor]
     metadata: dict  # es_state.json: the run settings, and the optimizer's number of updates
