@@ -126,6 +126,7 @@ def test_es_trains_against_the_server_and_both_masters_end_identical(tmp_path, t
     trainer.train()
     assert trainer.state.global_step == 3
     assert all(h["es/fitness/std"] > 0 for h in trainer.state.log_history if "reward" in h)
+    assert all(h["es/time/check"] > 0 for h in trainer.state.log_history if "reward" in h)  # a check every step
     backend = trainer.population.backend
     [report] = backend._control("es_checksum", backend.run_id, backend.load)
     assert report["master_digest"] == master_digest(trainer.population.master.tensors)

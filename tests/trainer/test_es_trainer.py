@@ -186,12 +186,25 @@ def test_logs_grpo_metric_names_plus_es_metrics_and_no_grad_norm(tiny_model_path
         "es/time/generate",
         "es/time/perturb",
         "es/time/update",
+        "es/time/check",
         "step_time",
     ):
         assert key in logged, key
     assert logged["loss"] == -logged["es/fitness/mean"] and "grad_norm" not in logged  # the loss ES minimises
     assert logged["learning_rate"] == 5e-4
     assert logged["es/param_distance"] > 0
+
+
+def test_the_consistency_checks_seconds_are_logged_on_the_steps_that_check_and_zero_on_the_others(
+    tiny_model_path, prompts, make_config
+):
+    config = make_config(max_steps=4, consistency_check_steps=3, logging_steps=1)
+    trainer = ESTrainer(model=tiny_model_path, reward_funcs=length_reward, args=config, train_dataset=prompts)
+    trainer.train()
+
+    checks = [h["es/time/check"] for h in trainer.state.log_history if "es/time/check" in h]
+    assert len(checks) == 4 and checks[0] == checks[1] == 0.0  # steps 1 and 2 check nothing
+    assert checks[2] > 0 and checks[3] > 0  # step 3, and the last step
 
 
 def test_peft_evolves_only_the_adapter(tiny_model_path, prompts, make_config):

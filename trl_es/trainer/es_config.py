@@ -142,8 +142,8 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
         consistency_check_steps (`int`, *optional*, defaults to `1`):
             Every this many steps (and at the last one), check that the copies of the weights that generation reads
             (the vLLM engine in colocate mode, the master inside a vLLM server) agree with the trainer's master, and
-            raise if not. The check hashes the master (server) or sums the engine's weights (colocate); raise it on
-            large models if that shows in `step_time`. 0 disables it.
+            raise if not. The check hashes the master (server) or sums the engine's weights (colocate); its seconds
+            are logged as `es/time/check`: raise this on large models where they show. 0 disables it.
         vllm_server_base_url (`str`, *optional*):
             With `vllm_mode="server"`: the `trl-es vllm-serve` server, e.g. `"http://10.0.0.1:8000"`, or several
             separated by commas. Each training process drives its own share of them, in order (with 4 servers and 2

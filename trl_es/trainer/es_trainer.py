@@ -334,8 +334,9 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         js_diversity = self._noise_scale.js_diversity(completion_rewards)
         self._noise_scale.observe(js_diversity)
         if self._consistency_check_due():
-            check_ranks_agree(self.accelerator, population.master, step=step + 1)
-            population.backend.check_consistency(step=step + 1)
+            with timer("check"):
+                check_ranks_agree(self.accelerator, population.master, step=step + 1)
+                population.backend.check_consistency(step=step + 1)
 
         self._log_step(scores, completion_rewards, fitness, update_norm, timer, generated, js_diversity)
         step_logging.log_best_member(

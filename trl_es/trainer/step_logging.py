@@ -14,7 +14,9 @@ from .divergence import StepCounters
 from .rollouts import completion_metrics
 from .scoring import MemberCompletions, MemberScores
 
-PHASES = ("perturb", "generate", "reward", "update")
+# `check`: the consistency checks of the steps `consistency_check_steps` picks (0 on the others); it grows with the
+# master (a server check hashes it on the host), so a large model shows here what its checks cost.
+PHASES = ("perturb", "generate", "reward", "update", "check")
 
 
 def mean_or_none(values: list[float]) -> float | None:
