@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -83,3 +84,14 @@ def test_a_setting_is_population_by_batch_by_tokens():
 
 def test_the_token_reward_scores_any_vocabulary():
     assert even_token_fraction([[2, 3, 151000, 7], []]) == [0.5, 0.0]
+
+
+def test_the_resume_memory_benchmark_prints_both_readings_and_their_ratio():
+    script = REPO / "benchmarks" / "resume_share_memory.py"
+    run = subprocess.run([sys.executable, str(script), "--tensors", "4", "--rows", "64", "--cols", "64"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("share (TensorFiles)") for line in lines)
+    assert any(line.startswith("whole files (load_file)") for line in lines)
+    assert re.search(r"resume_share_memory_ratio \(share / whole.*\): \d+\.\d\d$", lines[-1])
