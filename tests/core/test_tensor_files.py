@@ -99,13 +99,15 @@ def test_an_unsplit_master_reads_every_tensor_rounded_through_the_trainer_dtype_
     weights = _files(tmp_path, "first", "second", "trained")
 
     fresh = read_master_share(weights, NAMES, torch.float16)
-    resumed = read_master_share(weights, NAMES, torch.float16, masters=_files(tmp_path, "masters"))
+    resumed_weights = _files(tmp_path, "first", "second", "trained")
+    resumed = read_master_share(resumed_weights, NAMES, torch.float16, masters=_files(tmp_path, "masters"))
 
     assert list(fresh) == NAMES and all(tensor.dtype == torch.float16 for tensor in fresh.values())
     assert torch.equal(fresh["embed.weight"], saved["model"]["embed.weight"].half())
     assert torch.equal(fresh["layer.0.weight"], saved["trained"]["layer.0.weight"].half())
     assert torch.equal(resumed["embed.weight"], saved["masters"]["embed.weight"])  # float32, not rounded
     assert torch.equal(resumed["norm.weight"], fresh["norm.weight"])  # no saved master: the weights'
+    assert resumed_weights.names_read == ["norm.weight"]  # the weights of a saved master are not read
 
 
 def _sharing_the_update(rank: int, world: int, folder, results) -> None:

@@ -139,10 +139,11 @@ def read_master_share(
     With `shards`, only the tensors this process owns are read; the others are their shapes on the meta device,
     which holds no memory ([`ShardedMasterWeights`] keeps their names and shapes only).
     """
-    kept = names if shards is None else [name for name in names if shards.owns(name)]
-    tensors = {name: tensor.to(dtype=dtype) for name, tensor in weights.read(kept).items()}
-    if masters is not None:
-        tensors.update(masters.read(name for name in kept if name in masters))
+    masters = masters if masters is not None else {}
+    tensors = {}
+    for name in names if shards is None else [name for name in names if shards.owns(name)]:
+        # One tensor at a time, and the weights of a tensor whose master was saved are not read.
+        tensors[name] = masters[name] if name in masters else weights[name].to(dtype=dtype)
     return {name: tensors.get(name, _on_meta(weights.shapes[name], dtype)) for name in names}
 
 
