@@ -202,6 +202,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_on_processes(worker, world: int, *args) -> dict:
+    """`worker(rank, world, *args, results)` on `world` spawned processes joined by gloo over 127.0.0.1; returns what
+    each stored in `results[rank]` (a shared dict)."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.start_processes(_in_group, args=(worker, world, free_port(), args, results), nprocs=world, start_method="spawn")
+    return dict(results)
+
+
+def _in_group(rank: int, worker, world: int, port: int, args: tuple, results) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        worker(rank, world, *args, results)
+    finally:
+        dist.destroy_process_group()
+
+
 def reply_to_parent(result: dict) -> None:
     """A worker's answer to `run_worker`: its last line of output."""
     print(WORKER_PREFIX + json.dumps(result))

@@ -23,10 +23,9 @@ if REPOSITORY not in sys.path:
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from benchmarks.harness import free_port  # noqa: E402
+from benchmarks.harness import run_on_processes  # noqa: E402
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings  # noqa: E402
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
@@ -48,34 +47,24 @@ def write_checkpoint(folder: Path, shapes: dict[str, tuple]) -> None:
     save_file(state, folder / "optimizer.safetensors")
 
 
-def resume(rank: int, port: int, folder: Path, shapes: dict[str, tuple], reading: str, results) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=PROCESSES)
-    try:
-        parameters = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in shapes.items()}
-        shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in shapes.items()})
-        master = ShardedMasterWeights(parameters, 0.1, shards, device="cpu")
-        master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"))
-        Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the present size
-        before = resident_gb("VmRSS")
-        if reading == "share":
-            masters, state = (
-                TensorFiles([folder / "master.safetensors"]),
-                TensorFiles([folder / "optimizer.safetensors"]),
-            )
-        else:
-            masters, state = load_file(folder / "master.safetensors"), load_file(folder / "optimizer.safetensors")
-        master.load_saved(masters)
-        master.restore_optimizer(state, ADAM)
-        results[rank] = resident_gb("VmHWM") - before
-    finally:
-        dist.destroy_process_group()
+def resume(rank: int, world: int, folder: Path, shapes: dict[str, tuple], reading: str, results) -> None:
+    parameters = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in shapes.items()}
+    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in shapes.items()})
+    master = ShardedMasterWeights(parameters, 0.1, shards, device="cpu")
+    master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"))
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the present size
+    before = resident_gb("VmRSS")
+    if reading == "share":
+        masters, state = TensorFiles([folder / "master.safetensors"]), TensorFiles([folder / "optimizer.safetensors"])
+    else:
+        masters, state = load_file(folder / "master.safetensors"), load_file(folder / "optimizer.safetensors")
+    master.load_saved(masters)
+    master.restore_optimizer(state, ADAM)
+    results[rank] = resident_gb("VmHWM") - before
 
 
 def peak_growth(folder: Path, shapes: dict[str, tuple], reading: str) -> list[float]:
-    results = mp.Manager().dict()
-    mp.start_processes(
-        resume, args=(free_port(), folder, shapes, reading, results), nprocs=PROCESSES, start_method="spawn"
-    )
+    results = run_on_processes(resume, PROCESSES, folder, shapes, reading)
     return [results[rank] for rank in range(PROCESSES)]
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
-from scripts.gloo_processes import run_on_processes
 
+from benchmarks.harness import run_on_processes
 from trl_es.core.checkpoint import check_saved_tensors
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError

@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 import torch
-from scripts.gloo_processes import run_on_processes
 
+from benchmarks.harness import run_on_processes
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
