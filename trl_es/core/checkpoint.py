@@ -104,7 +104,7 @@ def check_saved_tensors(
 ) -> None:
     """Refuse tensors read from `path` that are not parameters of the model (or, with `complete`, miss one), that do
     not have their parameter's shape (a smaller tensor would be broadcast by `copy_`), or are not floating point
-    (from the headers alone where `saved` is a [`TensorFiles`])."""
+    (from the headers alone where `saved` are [`StoredTensors`])."""
     unknown = sorted(set(saved) - set(parameters))
     missing = sorted(set(parameters) - set(saved)) if complete else []
     if unknown or missing:

@@ -23,7 +23,7 @@ import torch
 
 from .guards import check_finite_tensors
 from .host_memory import host_copy
-from .tensor_files import TensorFiles, shapes_and_dtypes
+from .tensor_files import StoredTensors, shapes_and_dtypes
 
 ES_OPTIMIZERS = ("sgd", "momentum", "adam")
 # The state each optimizer keeps per evolving tensor, saved as "<tensor name>.<suffix>"
@@ -123,7 +123,7 @@ class DirectionOptimizer:
         """Continue from a checkpoint's state: `tensors` and `metadata` as saved, `shapes` the evolving tensors' (a
         state for another optimizer or another model is refused, naming what differs). With `kept`, only the state
         of those tensors is read and kept (every key is still checked against `shapes`, from the file headers where
-        `tensors` is a [`TensorFiles`])."""
+        `tensors` are [`StoredTensors`])."""
         saved = metadata.get("es_optimizer", "sgd")
         if saved != self.settings.name:
             raise ValueError(
@@ -149,5 +149,5 @@ class DirectionOptimizer:
         state = {key: tensors[key] for key in tensors if kept is None or key.rsplit(".", 1)[0] in kept}
         check_finite_tensors(state, "The saved es_optimizer state")
         # Tensors read from files are this state's own; others are the caller's, so they are copied.
-        self.state = state if isinstance(tensors, TensorFiles) else {key: t.clone() for key, t in state.items()}
+        self.state = state if isinstance(tensors, StoredTensors) else {key: t.clone() for key, t in state.items()}
         self.updates = updates

@@ -36,7 +36,24 @@ SAFETENSORS_DTYPES = {
 TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 
 
-class SafetensorsFile(Mapping[str, torch.Tensor]):
+class StoredTensors(Mapping[str, torch.Tensor]):
+    """Tensors kept in files, by name, each read when asked for; their `shapes` and `dtypes` come from the headers,
+    so a mapping of this kind is checked and listed without reading a tensor."""
+
+    shapes: dict[str, torch.Size]
+    dtypes: dict[str, torch.dtype]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
+        return name in self.shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+class SafetensorsFile(StoredTensors):
     """The tensors of one safetensors file by name, each read when asked for with plain file I/O (as a CPU tensor,
     bitwise in its stored dtype): the file is never mapped into the process, so reading tensors one at a time holds
     one tensor at a time. (`safe_open` maps the file, and every tensor read through one handle stays resident until
@@ -68,17 +85,8 @@ class SafetensorsFile(Mapping[str, torch.Tensor]):
                 raise ValueError(f"{self.path} ends inside tensor {name!r}: it was cut off while being written.")
         return torch.frombuffer(data, dtype=self.dtypes[name]).reshape(self.shapes[name])
 
-    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
-        return name in self._entries
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-class TensorFiles(Mapping[str, torch.Tensor]):
+class TensorFiles(StoredTensors):
     """The tensors of safetensors `files` by name, each read from its file when asked for (names, shapes and dtypes
     come from the headers; see [`SafetensorsFile`]). A tensor in several files is read from the last: a checkpoint
     listed after the model it was trained from overrides it.
@@ -98,23 +106,14 @@ class TensorFiles(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._file_of[name][name]
 
-    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
-        return name in self._file_of
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._file_of)
-
-    def __len__(self) -> int:
-        return len(self._file_of)
-
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         """The tensors `names`, in that order."""
         return {name: self[name] for name in names}
 
 
 def shapes_and_dtypes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Each tensor's shape and dtype: from the headers of [`TensorFiles`] (nothing is read), else from the tensors."""
-    if isinstance(tensors, (TensorFiles, SafetensorsFile)):
+    """Each tensor's shape and dtype: from the headers of [`StoredTensors`] (nothing read), else from the tensors."""
+    if isinstance(tensors, StoredTensors):
         return {name: (tensors.shapes[name], tensors.dtypes[name]) for name in tensors}
     return {name: (tensor.shape, tensor.dtype) for name, tensor in tensors.items()}
 
