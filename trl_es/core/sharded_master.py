@@ -19,7 +19,7 @@ from .direction_optimizer import STATE_SUFFIXES
 from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
-from .update_shards import UpdateShards
+from .update_shards import UpdateShards, all_gather_objects
 
 
 class EngineShards:
@@ -49,9 +49,7 @@ class EngineShards:
 
     def all_gather(self, value) -> list:
         """Every process's `value`, in group order."""
-        gathered = [None] * len(self.ranks)
-        torch.distributed.all_gather_object(gathered, value, group=self.group)
-        return gathered
+        return all_gather_objects(value, len(self.ranks), self.group)
 
 
 class ShardedMasterWeights(MasterWeights):

@@ -43,9 +43,7 @@ class UpdateShards:
 
     def all_gather(self, value) -> list:
         """Every process's `value`, in rank order (collective)."""
-        gathered = [None] * self.num_processes
-        torch.distributed.all_gather_object(gathered, value)
-        return gathered
+        return all_gather_objects(value, self.num_processes)
 
     def directions(
         self,
@@ -83,3 +81,10 @@ class UpdateShards:
                     received = state[key].to(device) if mine else torch.empty(shapes[name], device=device)
                     torch.distributed.broadcast(received, src=owner)
                     yield key, received
+
+
+def all_gather_objects(value, size: int, group=None) -> list:
+    """Every process's `value` (any picklable object), in the order of `group`'s `size` processes (collective)."""
+    gathered = [None] * size
+    torch.distributed.all_gather_object(gathered, value, group=group)
+    return gathered
