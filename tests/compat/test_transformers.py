@@ -24,6 +24,7 @@ def test_trainer_hooks_override_private_methods_the_trainer_still_has():
         ("_get_train_sampler", ["self", "train_dataset"]),
         ("_save_optimizer_and_scheduler", ["self", "output_dir"]),
         ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
+        ("_load_best_model", ["self"]),
     ]:
         method = getattr(Trainer, name, None)
         assert method is not None, f"{TRANSFORMERS} has no Trainer.{name}; update trl_es.compat.transformers"
@@ -43,6 +44,12 @@ def test_a_checkpoint_saves_the_optimizer_before_its_trainer_state():
 def test_resuming_loads_the_optimizer_and_scheduler_through_the_hook():
     assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in inspect.getsource(Trainer), (
         f"{TRANSFORMERS} no longer resumes through Trainer._load_optimizer_and_scheduler; update TrainerHooks"
+    )
+
+
+def test_load_best_model_at_end_loads_through_the_hook():
+    assert "self._load_best_model()" in inspect.getsource(Trainer), (
+        f"{TRANSFORMERS} no longer loads the best model through Trainer._load_best_model; update TrainerHooks"
     )
 
 

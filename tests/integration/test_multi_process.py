@@ -64,13 +64,14 @@ def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, b
 
 
 @pytest.mark.slow
-def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_and_end_bitwise_as_one_process(
+def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_one_model_and_end_bitwise_as_one_process(
     tmp_path, tiny_model_path, one_process_runs
 ):
     """vllm_tensor_parallel_size=2 on a bf16 model: the two processes are one evaluator (they load the same members
     into the engine they share, each writing whole tensors that vLLM shards; the tiny model has fewer KV heads than
-    ranks, so the shards also hold replicated parts), each keeps about half of the float32 master, and a checkpoint
-    gathers it (and the adam state) whole: the run and its resume end bitwise as one process with its own engine."""
+    ranks, so the shards also hold replicated parts), each keeps about half of the float32 master, only the one that
+    saves keeps the model's weights (the other gets them back from it when asked), and a checkpoint gathers the master
+    (and the adam state) whole: the run and its resume end bitwise as one process with its own engine."""
     needs_vllm()
     settings = ["--dtype", "bfloat16", "--es_optimizer", "adam"]  # adam: its state is split and gathered too
     flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2, *settings]
@@ -84,6 +85,14 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_and_end
     total = sum(tensor.numel() for tensor in load_file(one / "master.safetensors").values())
     held = [int((tmp_path / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert sum(held) == total and max(held) < 0.6 * total, (held, total)
+    # The process that saves keeps the model, following the centre; the other released its copy and gets it back
+    # from the first when asked.
+    model = [int((tmp_path / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)]
+    assert model == [total, 0], (model, total)
+    final = load_file(tmp_path / "final.safetensors")
+    for rank in (0, 1):
+        restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
+        assert restored.keys() == final.keys() and all(torch.equal(restored[k], final[k]) for k in final)
 
     saved = load_file(tmp_path / "checkpoint-2" / "es_state" / "master.safetensors")  # the bf16 weights' masters
     assert sum(tensor.numel() for tensor in saved.values()) == total

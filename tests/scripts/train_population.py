@@ -8,7 +8,10 @@ Each process gets B / P prompts from the dataloader, so every run sees B prompts
 rank's master is nudged after the first step, which the rank agreement check must catch; with --start_apart_rank R,
 that rank's model is nudged before training, which the check at the start must catch. With --es_optimizer, each
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`; every rank also writes
-the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it);
+the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it, and
+the elements of its evolving weights it holds after training, `model_elements_rank<R>`; with a tensor-parallel engine,
+the evolving weights each rank holds once `restore_model_weights` gave back what it released,
+`restored_rank<R>.safetensors`);
 --save_steps writes checkpoints, and --resume_from continues one. With --vllm_servers URLS the members generate in
 `trl-es vllm-serve` servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes);
 --kill_server_group G makes the last rank SIGKILL process group G during step 1 (after its generation, before its
@@ -27,7 +30,9 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback
 
 from trl_es import ESTrainer
+from trl_es.backends.population import evolving_parameters
 from trl_es.testing import digit_fraction, digit_prompts
+from trl_es.trainer.trainer_population import restore_model_weights
 from trl_es.trainer.vllm_engine import release_vllm_engine
 
 
@@ -126,6 +131,9 @@ def main():
     held = sum(tensor.numel() for tensor in trainer.population.master.tensors.values())
     Path(cli.output_dir, f"master_elements_rank{rank}").write_text(str(held))
     Path(cli.output_dir, f"wrapped_rank{rank}").write_text(type(trainer.model_wrapped).__name__)  # DDP's, or not
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    held = sum(parameter.numel() for parameter in evolving_parameters(model).values())
+    Path(cli.output_dir, f"model_elements_rank{rank}").write_text(str(held))  # 0 where a process released them
     rewards = [entry.get("reward") for entry in trainer.state.log_history]  # training's, before any evaluation
     if cli.evaluate:
         evaluate(trainer, cli.output_dir)
@@ -137,6 +145,10 @@ def main():
         save_file({name: t.contiguous() for name, t in master.items()}, f"{cli.output_dir}/master.safetensors")
         torch.save(rewards, f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
+    if cli.tensor_parallel_size > 1:  # the processes that released the model's weights get them back (collective)
+        restore_model_weights(trainer)
+        weights = {name: p.detach().contiguous() for name, p in evolving_parameters(model).items()}
+        save_file(weights, f"{cli.output_dir}/restored_rank{rank}.safetensors")
     # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts. A
     # colocated engine goes first (torn down later, it would destroy its groups after the default one is gone).
     release_vllm_engine(trainer)

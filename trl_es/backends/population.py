@@ -26,6 +26,7 @@ from ..core.compensated import CompensatedMasterWeights
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
+from ..core.released_weights import is_released, release
 from ..core.sharded_master import EngineShards, ShardedMasterWeights
 from ..core.update_shards import UpdateShards
 from .base import PopulationBackend
@@ -38,8 +39,9 @@ class Population:
     """The centre of an ES run (the float32 master, with sigma) and the backend that evaluates its members.
 
     `parameters` are the trainer's model's evolving parameters, which hold the centre between steps: checkpoints
-    save them, evaluation and callbacks read them. `update_shards`, with several processes, shares computing the
-    update between them (None: each process computes all of it).
+    save them, evaluation and callbacks read them (a process that released them, [`release_model_weights`], keeps
+    none). `update_shards`, with several processes, shares computing the update between them (None: each process
+    computes all of it).
     """
 
     master: MasterWeights
@@ -56,10 +58,22 @@ class Population:
         )
         for name, centre in self.master.centre():  # from each tensor's owner where the master is split
             parameter = self.parameters[name]
-            if not self.master.holds(name, parameter):  # a parameter may be (part of) the master itself
+            # A parameter may be (part of) the master itself, or released by a process that keeps no model.
+            if not self.master.holds(name, parameter) and not is_released(parameter):
                 parameter.copy_(centre)
         self.backend.after_update(coefficients, lr=lr, weight_decay=weight_decay)
         return update_norm
+
+    def release_model_weights(self) -> None:
+        """Let go of the model's evolving weights in this process (`core.released_weights`): a process of a
+        tensor-parallel engine that saves no checkpoint needs none of them. Only valid with a master that shares no
+        storage with them (built with `keep_model=False`)."""
+        if self.master.shared:
+            raise RuntimeError(
+                f"The master is stored in the model's weights {sorted(self.master.shared)[:3]}, so they cannot be "
+                "released: build the population with keep_model=False."
+            )
+        release(self.parameters)
 
 
 @contextmanager
@@ -88,6 +102,7 @@ def build_population(
     update_shards: UpdateShards | None = None,
     engine_group=None,
     device: torch.device | None = None,
+    keep_model: bool = True,
 ) -> Population:
     """The master of `model`'s evolving parameters (`requires_grad=True`) and the backend `args` asks for.
 
@@ -104,11 +119,13 @@ def build_population(
             colocated engine.
         device (`torch.device`, *optional*): Where the master lives and the update is computed: by default the
             model's device; the accelerator for a model kept in host memory.
+        keep_model (`bool`, *optional*, defaults to `True`): `False` where the model's weights are released once the
+            population is built ([`Population.release_model_weights`]): the master then copies them all.
     """
     parameters = evolving_parameters(model)
     vllm_mode = args.vllm_mode if args.use_vllm else None
     lowrank = args.perturbation == "lowrank"
-    share = vllm_mode is not None or lowrank  # the model only ever holds the centre
+    share = (vllm_mode is not None or lowrank) and keep_model  # the model only ever holds the centre
     if lowrank and vllm_mode == "colocate":
         from .vllm_lora import lora_target_parameters
 

@@ -1,7 +1,8 @@
 """Every use of transformers' private API, in one place (tested in `tests/compat/test_transformers.py`).
 
-`Trainer` has no public hook for four things ESTrainer needs: wrapping the train sampler, writing extra state into
-each checkpoint, reading it back on resume, and leaving files out of its pushes to the Hub. Its private methods (and
+`Trainer` has no public hook for five things ESTrainer needs: wrapping the train sampler, writing extra state into
+each checkpoint, reading it back on resume, making the model ready before `load_best_model_at_end` loads into it, and
+leaving files out of its pushes to the Hub. Its private methods (and
 the `HfApi` its pushes upload through) are the hooks; [`TrainerHooks`] overrides them and calls methods with public
 names instead. It also gives the wrapped sampler its epoch where the Trainer's own call misses it ([`SamplerEpochs`]).
 """
@@ -20,6 +21,7 @@ PRIVATE_NAMES = {
         "Trainer._save_optimizer_and_scheduler",
         "Trainer._load_optimizer_and_scheduler",
         "Trainer._push_from_checkpoint",
+        "Trainer._load_best_model",
     ],
     "uploads_ignoring": [
         "transformers.trainer.hf_api (what Trainer.push_to_hub and _push_from_checkpoint upload with)"
@@ -34,7 +36,7 @@ TENSORBOARD_FOLDER = "runs"
 
 
 class TrainerHooks:
-    """A mixin, placed before the `Trainer` subclass in the bases, that turns four private hooks of transformers'
+    """A mixin, placed before the `Trainer` subclass in the bases, that turns five private hooks of transformers'
     `Trainer` into public ones. Override these:
 
     - `wrap_train_sampler(sampler)`: the sampler training uses, given the one the parent built; if it has
@@ -43,6 +45,8 @@ class TrainerHooks:
       and before `trainer_state.json` (which the Trainer writes last, so a checkpoint with a Trainer state always has
       this state too);
     - `load_extra_state(checkpoint)`: called on resume, once the optimizer and scheduler are loaded;
+    - `before_best_model_load()`: called at the end of training with `load_best_model_at_end`, before the Trainer
+      loads the best checkpoint's weights into the model;
     - `hub_ignore_patterns()`: files of `output_dir` and of a pushed checkpoint that every push to the Hub leaves out
       (`push_to_hub`, and the push at each save with `push_to_hub=True`), besides the Trainer's own `_*` and
       `checkpoint-*`.
@@ -55,6 +59,9 @@ class TrainerHooks:
         pass
 
     def load_extra_state(self, checkpoint: str) -> None:
+        pass
+
+    def before_best_model_load(self) -> None:
         pass
 
     def hub_ignore_patterns(self) -> list[str]:
@@ -86,6 +93,10 @@ class TrainerHooks:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.load_extra_state(checkpoint)
+
+    def _load_best_model(self) -> None:
+        self.before_best_model_load()
+        super()._load_best_model()
 
 
 class SamplerEpochs(TrainerCallback):

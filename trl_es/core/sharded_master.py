@@ -19,6 +19,7 @@ from .direction_optimizer import STATE_SUFFIXES
 from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
+from .released_weights import is_released
 from .update_shards import UpdateShards, all_gather_objects
 
 
@@ -79,19 +80,20 @@ class ShardedMasterWeights(MasterWeights):
         device = master_device(parameters, device)  # a process may own no tensor
         super().__init__(owned, sigma, share_float32=share_float32, offload=offload, device=device)
         self.shards = shards
-        self.parameters = parameters
+        self.parameters = parameters  # the model's, holding the centre where this process keeps the model
+        self.full_shapes = {name: param.shape for name, param in parameters.items()}  # a released one's too
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
     def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of `member` (collective): each computed by its owner."""
-        for name, parameter in self.parameters.items():
+        for name, shape in self.full_shapes.items():
             value = self.perturbed_tensor(name, member) if self.shards.owns(name) else None
-            yield name, self.shards.from_owner(name, value, parameter.shape, self.device)
+            yield name, self.shards.from_owner(name, value, shape, self.device)
 
     def centre(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of the master (collective)."""
-        for name, parameter in self.parameters.items():
-            yield name, self.shards.from_owner(name, self.tensors.get(name), parameter.shape, self.device)
+        for name, shape in self.full_shapes.items():
+            yield name, self.shards.from_owner(name, self.tensors.get(name), shape, self.device)
 
     def apply_update(self, coefficients, lr, weight_decay=0.0, shards: UpdateShards | None = None) -> float:
         """Each owner updates its tensors (`shards` is not used: the group's owners share the work already); the norm
@@ -107,15 +109,15 @@ class ShardedMasterWeights(MasterWeights):
             raise NonFiniteError(errors[0])
         merged = {name: value for part, _ in parts for name, value in part.items()}
         squared_norm = 0.0
-        for name in self.parameters:
+        for name in self.full_shapes:
             squared_norm += merged[name]
         return math.sqrt(squared_norm)
 
     def restore_optimizer(self, tensors: Mapping[str, torch.Tensor], metadata: dict, shards=None) -> None:
         """Continue a checkpoint's `es_optimizer` state: each process reads, checks and keeps the state of the tensors
         it owns (collective: a non-finite value found by one is raised by all)."""
-        shapes = {name: parameter.shape for name, parameter in self.parameters.items()}  # every key is checked
-        self._restore_optimizer(tensors, metadata, shapes, set(self.tensors), self.shards.all_gather)
+        # Every key is checked.
+        self._restore_optimizer(tensors, metadata, self.full_shapes, set(self.tensors), self.shards.all_gather)
 
     def optimizer_state(self, shards=None) -> dict[str, torch.Tensor]:
         """The whole `es_optimizer` state, each tensor's from its owner (collective)."""
@@ -123,9 +125,9 @@ class ShardedMasterWeights(MasterWeights):
         if not suffixes or self.optimizer.updates == 0:  # no state yet: it is created by the first update
             return {}
         state, gathered = self.optimizer.state_dict(), {}
-        for name, parameter in self.parameters.items():
+        for name, shape in self.full_shapes.items():
             for key in (f"{name}.{suffix}" for suffix in suffixes):
-                gathered[key] = self.shards.from_owner(name, state.get(key), parameter.shape, self.device)
+                gathered[key] = self.shards.from_owner(name, state.get(key), shape, self.device)
         return gathered
 
     def digests(self) -> tuple[str, str]:
@@ -147,7 +149,13 @@ class ShardedMasterWeights(MasterWeights):
 
     def relative_distance(self, reference: dict[str, torch.Tensor]) -> float:
         """As [`MasterWeights.relative_distance`], reading the tensors other processes own from the model's
-        parameters (the centre, in the model's dtype): no collective, as only the logging process calls it."""
+        parameters (the centre, in the model's dtype): no collective, as only a process that saves calls it (it keeps
+        the model)."""
+        if any(map(is_released, self.parameters.values())):
+            raise RuntimeError(
+                "relative_distance reads the model's weights, which this process released (it shares a "
+                "tensor-parallel engine and saves no checkpoint). Compute it on a process that saves (`should_save`)."
+            )
         diff, base = 0.0, 0.0
         for name, parameter in self.parameters.items():
             value = self.tensors[name] if name in self.tensors else parameter.detach().float()

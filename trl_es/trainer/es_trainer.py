@@ -73,7 +73,7 @@ from .reward_checks import checked_reward_function
 from .rollouts import context_length, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
 from .scoring import generate_and_score
-from .trainer_population import build_trainer_population
+from .trainer_population import build_trainer_population, restore_model_weights
 
 logger = logging.getLogger(__name__)
 
@@ -443,6 +443,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         While it trains it holds `output_dir`'s lock (`output_lock.py`), and SIGTERM or SIGUSR1 ends it after the
         current step with a checkpoint, raising `TrainingPreempted` (`preemption.py`)."""
         check_again_at_train(self.args)
+        restore_model_weights(self)  # where an earlier population released them: the Trainer may load into them
         # One run per output_dir, and a scheduler's SIGTERM or SIGUSR1 ends it after the step with a checkpoint.
         with stop_on_preemption(self), hold_output_dir(self.args.output_dir, self.accelerator):
             resume_from_checkpoint = resume.resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
@@ -464,6 +465,9 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             )
         # `log` set the metrics' `train_loss` (the same dict) from the ES losses; the returned value follows it.
         return output._replace(training_loss=output.metrics.get("train_loss"))
+
+    def before_best_model_load(self) -> None:
+        restore_model_weights(self)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """As [`~transformers.Trainer.save_model`] (also how every checkpoint writes its weights), but weights holding

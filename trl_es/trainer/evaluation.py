@@ -16,6 +16,7 @@ from ..evaluation.trainer_coverage import measure_trainer
 from .rollouts import check_prompts_fit, decode_completions, tokenize_prompts
 from .scoring import MemberCompletions
 from .step_logging import log_completion_lengths, log_rewards, log_tool_calls, mean_or_none
+from .trainer_population import model_weights_held
 
 
 def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
@@ -75,14 +76,16 @@ def coverage_metrics(trainer, dataset, prefix: str) -> dict[str, float]:
             "eval_ks measures coverage on a map-style eval_dataset (one with a length); this one is iterable. Pass a "
             "`datasets.Dataset`, or unset eval_ks."
         )
-    report = measure_trainer(
-        trainer,
-        center_sampler(trainer),
-        dataset,
-        args.eval_ks,
-        trainer.answer_extractor,
-        success_threshold=args.success_reward_threshold,
-        temperature=args.eval_temperature,
-        seed=args.seed,
-    )
+    sampler = center_sampler(trainer)
+    with model_weights_held(trainer):  # the completions' entropies are computed with the model
+        report = measure_trainer(
+            trainer,
+            sampler,
+            dataset,
+            args.eval_ks,
+            trainer.answer_extractor,
+            success_threshold=args.success_reward_threshold,
+            temperature=args.eval_temperature,
+            seed=args.seed,
+        )
     return {f"{prefix}_{name}": value for name, value in report.as_dict().items()}

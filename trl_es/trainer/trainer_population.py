@@ -4,10 +4,14 @@ masters compared before the first member is drawn."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from ..backends.population import Population, build_population, evolving_parameters
 from ..compat.trl import colocated_engine, colocated_engine_group
 from ..core.distributed import check_ranks_agree
 from ..core.guards import check_finite_tensors
+from ..core.released_weights import restore
 from ..core.update_shards import UpdateShards
 from .config_checks import engine_group_size
 
@@ -17,6 +21,8 @@ def build_trainer_population(trainer, resumed=None) -> Population:
     state: `resume.ResumedRun`)."""
     args = trainer.args
     model = trainer.accelerator.unwrap_model(trainer.model)
+    restore_model_weights(trainer)  # the model a process released with an earlier population
+    keep_model = keeps_model(trainer)
     origin = f" (from {resumed.checkpoint})" if resumed else ""
     check_finite_tensors(evolving_parameters(model), f"The model's evolving weights{origin}")
     if args.model_in_host_memory:
@@ -33,9 +39,43 @@ def build_trainer_population(trainer, resumed=None) -> Population:
         update_shards=update_shards(trainer.accelerator, args),
         engine_group=colocated_engine_group(trainer),
         device=args.device if args.model_in_host_memory else None,  # else the model's
+        keep_model=keep_model,
     )
     check_ranks_agree(trainer.accelerator, population.master, step=0)  # no DDP broadcast evens them
+    if not keep_model:
+        # The engine gets every member from the owners of the master's shares, and checkpoints are written by the
+        # processes that save: the model here would be one more copy of it per process, in host memory.
+        population.release_model_weights()
     return population
+
+
+@contextmanager
+def model_weights_held(trainer) -> Iterator[None]:
+    """The model's weights on every process for the duration (coverage's entropies run the model on each), released
+    again after where the population releases them."""
+    restore_model_weights(trainer)
+    try:
+        yield
+    finally:
+        if not keeps_model(trainer):
+            trainer.population.release_model_weights()
+
+
+def keeps_model(trainer) -> bool:
+    """Whether this process keeps the model's weights while it trains: a process of a tensor-parallel engine that
+    saves no checkpoint lets go of them."""
+    return colocated_engine_group(trainer) is None or trainer.args.should_save
+
+
+def restore_model_weights(trainer) -> None:
+    """Give the model's weights back to the processes of tensor-parallel engines that released them, from the main
+    process (which saves, so it keeps the model holding the centre): before anything that reads or loads them
+    (another population, the Trainer's load of a checkpoint, coverage's entropies). Collective where the run's
+    engines are tensor-parallel; nothing is sent when no process released its model."""
+    if engine_group_size(trainer.args) == 1:
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    restore(evolving_parameters(model), source=0, device=trainer.args.device)
 
 
 def update_shards(accelerator, args) -> UpdateShards | None:
