@@ -95,3 +95,14 @@ def test_the_resume_memory_benchmark_prints_both_readings_and_their_ratio():
     assert any(line.startswith("share (TensorFiles)") for line in lines)
     assert any(line.startswith("whole files (load_file)") for line in lines)
     assert re.search(r"resume_share_memory_ratio \(share / whole.*\): \d+\.\d\d$", lines[-1])
+
+
+def test_the_released_model_memory_benchmark_prints_both_settings_and_their_ratio():
+    script = REPO / "benchmarks" / "released_model_memory.py"
+    run = subprocess.run([sys.executable, str(script), "--hidden", "64", "--layers", "2"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("keeps the model") for line in lines)
+    assert any(line.startswith("releases the model") for line in lines)
+    assert re.search(r"released_model_memory_ratio \(releases / keeps.*\): \d+\.\d\d$", lines[-1])

@@ -3,7 +3,6 @@ checkpoint lets go of, and gets back from the process that saves (gloo processes
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from benchmarks.harness import run_on_processes
 from trl_es.core.released_weights import is_released, release, released_bytes, restore

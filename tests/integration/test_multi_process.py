@@ -105,6 +105,23 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
 
 
 @pytest.mark.slow
+def test_a_tensor_parallel_run_loads_its_best_checkpoint_into_every_process_at_the_end(tmp_path, tiny_model_path):
+    """load_best_model_at_end where the process that saves no checkpoint released the model's weights: they come back
+    before the Trainer loads the best checkpoint into them (a load into released weights fails on their shape), every
+    process then holds the best checkpoint's weights, and the population built again from them releases them again."""
+    needs_vllm()
+    run = launch(2, tiny_model_path, tmp_path, "--use_vllm", "--tensor_parallel_size", 2, "--dtype", "bfloat16",
+                 "--load_best")  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
+    best = load_file(Path(state["best_model_checkpoint"]) / "model.safetensors")
+    assert [int((tmp_path / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)][1] == 0
+    for rank in (0, 1):
+        restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
+        assert all(torch.equal(restored[name], best[name]) for name in restored), rank
+
+
+@pytest.mark.slow
 def test_two_processes_shard_the_adam_state_save_it_whole_and_resume_bitwise(tmp_path, tiny_model_path):
     """With shard_update each process keeps the es_optimizer state of the tensors it owns only (about half here); a
     checkpoint still holds all of it, bitwise the 1-process run's, and a 2-process resume ends as the 1-process run."""

@@ -12,7 +12,8 @@ the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataPar
 the elements of its evolving weights it holds after training, `model_elements_rank<R>`; with a tensor-parallel engine,
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
 `restored_rank<R>.safetensors`);
---save_steps writes checkpoints, and --resume_from continues one. With --vllm_servers URLS the members generate in
+--save_steps writes checkpoints, and --resume_from continues one; --load_best evaluates and saves every step and
+loads the best checkpoint at the end (`load_best_model_at_end`). With --vllm_servers URLS the members generate in
 `trl-es vllm-serve` servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes);
 --kill_server_group G makes the last rank SIGKILL process group G during step 1 (after its generation, before its
 update).
@@ -75,6 +76,9 @@ class CorruptRank(TrainerCallback):
             next(iter(self.trainer.population.master.tensors.values())).view(-1)[0] += 1e-3
 
 
+BEST = dict(eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1, load_best_model_at_end=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -92,6 +96,7 @@ def main():
     parser.add_argument("--secret_file", default=None, help="The servers' control secret.")
     parser.add_argument("--kill_server_group", type=int, default=None)
     parser.add_argument("--evaluate", action="store_true", help="Evaluate after training; write eval.json.")
+    parser.add_argument("--load_best", action="store_true", help="Evaluate and save every step; load the best at end.")
     cli = parser.parse_args()
     if cli.vllm_servers:
         server = dict(
@@ -113,11 +118,15 @@ def main():
         es_optimizer=cli.es_optimizer,
         model_init_kwargs={"dtype": cli.dtype},
         **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
+        **(BEST if cli.load_best else {}),
         **MOVING,
     )
     trainer_box = []
     reward = digit_fraction if cli.kill_server_group is None else killing_reward(trainer_box, cli.kill_server_group)
-    trainer = ESTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=digit_prompts(16))
+    evaluation = digit_prompts(4, offset=100) if cli.load_best else None
+    trainer = ESTrainer(
+        model=cli.model, reward_funcs=reward, args=args, train_dataset=digit_prompts(16), eval_dataset=evaluation
+    )
     trainer_box.append(trainer)
     if cli.corrupt_rank is not None:
         trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))

@@ -1,0 +1,102 @@
+"""What the processes of a tensor-parallel engine hold privately of the model and its master while they train.
+
+Two gloo processes share an engine's float32 master (each owns half of the tensors) of a bf16 model that each loads
+as ESTrainer does (`from_pretrained`: its weights are mapped from the checkpoint's files, shared by the processes
+until written). Each applies two updates through `Population.apply_update`, which writes the centre into the model's
+weights it keeps, and reports how much private memory (`Anonymous` in `/proc/self/smaps_rollup`: the pages of no
+file, the written copies of the mapped weights among them) it added since before the model was loaded. Side by side
+in one run: every process keeps the model (as before 2026-12-06), and the process that saves no checkpoint (rank 1)
+releases it (`Population.release_model_weights`). The engine is left out (it is the same in both). The processes
+give their freed temporaries back to the system at once (`MALLOC_MMAP_THRESHOLD_`): glibc would keep some of the
+update's in its heap, and the measure would be the allocator's:
+
+    .venv/bin/python benchmarks/released_model_memory.py --hidden 1024 --layers 12
+
+Linux only (it reads `/proc/self/smaps_rollup`).
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+# Run as a script, Python puts benchmarks/ on sys.path; the `benchmarks` package needs the repository root.
+REPOSITORY = str(Path(__file__).resolve().parents[1])
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import transformers  # noqa: E402
+
+from benchmarks.harness import run_on_processes  # noqa: E402
+from trl_es.backends.population import Population, evolving_parameters  # noqa: E402
+from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
+
+PROCESSES = 2
+COEFFICIENTS = {1: 0.5, 2: -0.5}
+
+
+class NoEngine:
+    """Stands in for the engine, whose memory is not measured here: it takes the update and holds nothing."""
+
+    def after_update(self, coefficients, lr, weight_decay) -> None:
+        pass
+
+
+def private_gb() -> float:
+    """This process's anonymous memory, in GB."""
+    line = next(line for line in Path("/proc/self/smaps_rollup").read_text().splitlines() if line.startswith("Anon"))
+    return int(line.split()[1]) * 1024 / 1e9
+
+
+def train(rank: int, world: int, folder: str, release: bool, results) -> None:
+    before = private_gb()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    parameters = evolving_parameters(model)
+    keeps_model = rank == 0 or not release  # rank 0 saves the checkpoints: it keeps the model
+    shards = EngineShards(dist.group.WORLD, {name: p.shape for name, p in parameters.items()})
+    master = ShardedMasterWeights(parameters, 0.01, shards, share_float32=keeps_model)
+    population = Population(master, NoEngine(), parameters)
+    if not keeps_model:
+        population.release_model_weights()
+    for _ in range(2):
+        population.apply_update(COEFFICIENTS, lr=1e-3, weight_decay=0.0)
+    results[rank] = private_gb() - before
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    args = parser.parse_args()
+
+    config = transformers.Qwen2Config(
+        vocab_size=32000,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 11 // 4,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        num_key_value_heads=max(1, args.hidden // 256),
+        tie_word_embeddings=False,
+    )
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by glibc as the spawned processes start
+    grown = {}
+    with tempfile.TemporaryDirectory(prefix="trl-es-released-model-") as folder:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model_gb = sum(p.numel() for p in model.parameters()) * 2 / 1e9
+        model.save_pretrained(folder)
+        del model
+        print(f"model: bf16 {model_gb:.2f} GB, float32 master {2 * model_gb:.2f} GB in {PROCESSES} shares")
+        print(f"{'the process that does not save':<34}{'private memory added per process (GB)':>40}")
+        for release, label in ((False, "keeps the model"), (True, "releases the model")):
+            results = run_on_processes(train, PROCESSES, folder, release)
+            grown[release] = [results[rank] for rank in range(PROCESSES)]
+            print(f"{label:<34}{', '.join(f'{value:.2f}' for value in grown[release]):>40}")
+    ratio = grown[True][1] / max(grown[False][1], 1e-9)
+    print(f"released_model_memory_ratio (releases / keeps, the process that does not save): {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
