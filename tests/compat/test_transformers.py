@@ -25,6 +25,7 @@ def test_trainer_hooks_override_private_methods_the_trainer_still_has():
         ("_save_optimizer_and_scheduler", ["self", "output_dir"]),
         ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
         ("_load_best_model", ["self"]),
+        ("_load_from_checkpoint", ["self", "resume_from_checkpoint", "model"]),
     ]:
         method = getattr(Trainer, name, None)
         assert method is not None, f"{TRANSFORMERS} has no Trainer.{name}; update trl_es.compat.transformers"
@@ -44,6 +45,13 @@ def test_a_checkpoint_saves_the_optimizer_before_its_trainer_state():
 def test_resuming_loads_the_optimizer_and_scheduler_through_the_hook():
     assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in inspect.getsource(Trainer), (
         f"{TRANSFORMERS} no longer resumes through Trainer._load_optimizer_and_scheduler; update TrainerHooks"
+    )
+
+
+def test_resuming_loads_the_model_weights_through_the_hook():
+    assert "self._load_from_checkpoint(resume_from_checkpoint)" in inspect.getsource(Trainer.train), (
+        f"{TRANSFORMERS} no longer loads a checkpoint's weights through Trainer._load_from_checkpoint; update "
+        "TrainerHooks"
     )
 
 

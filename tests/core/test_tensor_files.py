@@ -78,6 +78,20 @@ def test_tensor_files_know_names_shapes_and_dtypes_from_the_headers_and_read_a_t
         weights["lm_head.weight"]
 
 
+def test_a_chosen_part_of_tensor_files_holds_the_names_the_files_hold_and_reads_them_when_asked(tmp_path):
+    saved = _checkpoint(tmp_path)
+    weights = _files(tmp_path, "first", "second", "trained")
+
+    chosen = weights.only(["layer.0.weight", "norm.weight", "lm_head.weight"])
+
+    assert list(chosen) == ["layer.0.weight", "norm.weight"]  # lm_head.weight is in no file
+    assert chosen.shapes == {name: torch.Size(SHAPES[name]) for name in chosen}
+    assert weights.names_read == []
+    assert torch.equal(chosen["layer.0.weight"], saved["trained"]["layer.0.weight"])  # still the last file's
+    with pytest.raises(KeyError):
+        chosen["embed.weight"]
+
+
 def test_a_file_cut_off_inside_a_tensor_is_refused_naming_the_file_and_the_tensor(tmp_path):
     _checkpoint(tmp_path)
     path = tmp_path / "first.safetensors"

@@ -102,6 +102,27 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
     resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(one, tmp_path, files=("master.safetensors",))
+    # The process that releases the model does not load the checkpoint's weights: it reads its master share.
+    assert [(tmp_path / f"loaded_rank{rank}").read_text() for rank in (0, 1)] == ["True", "False"]
+
+
+@pytest.mark.slow
+def test_a_float32_tensor_parallel_run_resumes_each_share_of_its_master_from_the_model_files(
+    tmp_path, tiny_model_path, one_process_runs
+):
+    """A float32 model's checkpoint keeps no ES master (its weights are the master): the process that keeps no model
+    reads its share from the checkpoint's model files instead of loading them, and the resumed run ends bitwise as
+    the one-process run."""
+    needs_vllm()
+    flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2]
+    shared = launch(2, tiny_model_path, tmp_path, *flags)
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    assert load_file(tmp_path / "checkpoint-2" / "es_state" / "master.safetensors") == {}
+    shutil.rmtree(tmp_path / "checkpoint-3")
+    resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [(tmp_path / f"loaded_rank{rank}").read_text() for rank in (0, 1)] == ["True", "False"]
+    assert_same_run(one_process_runs("vllm_colocate"), tmp_path, files=("master.safetensors",))
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataPar
 the elements of its evolving weights it holds after training, `model_elements_rank<R>`; with a tensor-parallel engine,
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
 `restored_rank<R>.safetensors`);
---save_steps writes checkpoints, and --resume_from continues one; --load_best evaluates and saves every step and
+--save_steps writes checkpoints, and --resume_from continues one (each rank writes whether its model held the
+checkpoint's weights as training began, `loaded_rank<R>`); --load_best evaluates and saves every step and
 loads the best checkpoint at the end (`load_best_model_at_end`). With --vllm_servers URLS the members generate in
 `trl-es vllm-serve` servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes);
 --kill_server_group G makes the last rank SIGKILL process group G during step 1 (after its generation, before its
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 from fast_es import MOVING, fast_es_config
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
 from trl_es import ESTrainer
@@ -65,6 +66,20 @@ def evaluate(trainer, output_dir: str) -> None:
     mine = slice(2 * rank, 2 * rank + 2)  # then each for two of its own
     alone = backend.generate_loaded_rows(everyone[mine], seeds[mine], sampling)
     Path(output_dir, f"rank_rows_rank{rank}").write_text(str(alone == together[mine]))
+
+
+class RecordResumedWeights(TrainerCallback):
+    """As training begins (after a resume loaded what it loads, before the population is built), each rank writes
+    whether its model holds the checkpoint's weights (`loaded_rank<R>`)."""
+
+    def __init__(self, trainer, checkpoint: str, output_dir: str):
+        self.trainer, self.checkpoint, self.output_dir = trainer, checkpoint, output_dir
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        saved = load_file(Path(self.checkpoint) / "model.safetensors")
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        loaded = all(torch.equal(p, saved[name]) for name, p in evolving_parameters(model).items() if name in saved)
+        Path(self.output_dir, f"loaded_rank{self.trainer.accelerator.process_index}").write_text(str(loaded))
 
 
 class CorruptRank(TrainerCallback):
@@ -130,6 +145,8 @@ def main():
     trainer_box.append(trainer)
     if cli.corrupt_rank is not None:
         trainer.add_callback(CorruptRank(trainer, cli.corrupt_rank))
+    if cli.resume_from:
+        trainer.add_callback(RecordResumedWeights(trainer, cli.resume_from, cli.output_dir))
     if cli.start_apart_rank == trainer.accelerator.process_index:  # as a model built unseeded on each rank would
         with torch.no_grad():
             next(trainer.model.parameters()).view(-1)[0] += 1e-3

@@ -4,11 +4,12 @@ files do not parse is skipped or refused by name, the float32 master survives a 
 is named (a changed learning_rate says that the saved schedule wins)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from scripts.damaged_checkpoints import DAMAGES
 from scripts.fast_es import MOVING, fast_es_config
 from transformers import AutoModelForCausalLM
@@ -16,6 +17,8 @@ from transformers import AutoModelForCausalLM
 from trl_es import ESTrainer
 from trl_es.core.checkpoint import last_complete_checkpoint
 from trl_es.testing import digit_fraction
+from trl_es.trainer.resume import ResumedRun, holds_every_master
+from trl_es.trainer.trainer_population import load_fixed_weights
 
 
 def resumable_config(make_config, **overrides):
@@ -237,6 +240,55 @@ def test_a_float32_checkpoint_resumed_in_bfloat16_keeps_its_float32_master(tiny_
     rounded = [name for name in master if not torch.equal(saved[name].bfloat16().float(), saved[name])]
     assert rounded, "the run must have float32 weights that bfloat16 rounds"
     assert all(torch.equal(master[name], saved[name]) for name in master)
+
+
+def test_a_process_that_did_not_load_a_float32_checkpoint_reads_every_master_from_its_model_files(
+    tiny_model_path, finished_run
+):
+    """A process of a tensor-parallel engine that keeps no model resumes without loading the checkpoint's weights: a
+    float32 checkpoint's weights are its masters, read one at a time as the process asks for its share."""
+    output_dir, overrides = finished_run
+    checkpoint = str(output_dir / "checkpoint-2")
+    starting = dict(AutoModelForCausalLM.from_pretrained(tiny_model_path).named_parameters())  # not the checkpoint's
+    config = fast_es_config(output_dir, **overrides)
+    saved = load_file(Path(checkpoint) / "model.safetensors")
+
+    assert holds_every_master(checkpoint, starting)
+    unloaded = ResumedRun.load(checkpoint, starting, config, ["digit_fraction"], model_loaded=False)
+    loaded = ResumedRun.load(checkpoint, starting, config, ["digit_fraction"])
+
+    assert set(unloaded.lossy_masters) == set(starting) and not loaded.lossy_masters  # a loaded model holds them
+    assert all(torch.equal(unloaded.lossy_masters[name], saved[name]) for name in starting)
+    assert any(not torch.equal(saved[name], p) for name, p in starting.items())  # the run moved the weights
+
+
+def test_a_process_that_does_not_load_a_checkpoint_still_loads_its_weights_that_do_not_evolve(
+    tiny_model_path, finished_run
+):
+    output_dir, _ = finished_run
+    checkpoint = output_dir / "checkpoint-2"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    model.model.norm.weight.requires_grad_(False)  # a weight the run keeps fixed
+    starting = weights(model)
+    saved = load_file(checkpoint / "model.safetensors")
+
+    load_fixed_weights(model, str(checkpoint))
+
+    after = weights(model)
+    assert torch.equal(after["model.norm.weight"], saved["model.norm.weight"])
+    assert not torch.equal(saved["model.norm.weight"], starting["model.norm.weight"])  # the run moved it
+    assert all(torch.equal(after[name], starting[name]) for name in starting if name != "model.norm.weight")
+
+
+def test_a_checkpoint_whose_files_hold_no_float32_master_of_a_weight_must_be_loaded(finished_run, tmp_path):
+    output_dir, _ = finished_run
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(output_dir / "checkpoint-2", checkpoint)
+    saved = load_file(checkpoint / "model.safetensors")
+    save_file({name: tensor.bfloat16() for name, tensor in saved.items()}, checkpoint / "model.safetensors")
+    parameters = {name: torch.zeros(tensor.shape) for name, tensor in saved.items()}
+
+    assert not holds_every_master(str(checkpoint), parameters)  # its ES state keeps no master of float32 weights
 
 
 def test_a_changed_learning_rate_warns_that_the_saved_schedule_wins(tiny_model_path, prompts, finished_run, tmp_path):

@@ -15,6 +15,7 @@ parameters are their own master (no second float32 copy of the model).
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -148,8 +149,10 @@ def build_population(
         master = MasterWeights(parameters, args.sigma, share_float32=share, offload=args.offload_master, device=device)
     master.optimizer = DirectionOptimizer(direction_optimizer_settings(args), offload=args.offload_master)
     if resumed is not None:
-        if resumed.lossy_masters:
-            master.load_saved(resumed.lossy_masters)  # read for the tensors this process keeps only
+        # Read for the tensors this process keeps only. Collective where the master is split, and a process that
+        # loaded a float32 checkpoint into its model may have no master to read while another reads its share.
+        if resumed.lossy_masters or engine_group is not None:
+            master.load_saved(resumed.lossy_masters)
         master.restore_optimizer(resumed.optimizer_state, resumed.metadata, update_shards)
 
     if vllm_mode is None and lowrank:
@@ -192,8 +195,14 @@ def _colocate_backend(llm, master, model, lowrank: bool, engine_group=None):
         backend = VLLMLoRAPopulationBackend(llm, master, tempfile.mkdtemp(prefix="trl-es-lora-"), model)
     else:
         backend = VLLMColocateBackend(llm, master, model, engine_group)
-    # The engine loaded the checkpoint from disk; the run starts from the trainer's weights.
-    backend.load_weights(model.named_parameters())
+    # The engine loaded the checkpoint from disk; the run starts from the trainer's weights. The processes of a
+    # tensor-parallel engine write the same ones: the master's, from the owners of its shares (a process that keeps
+    # no model may not have loaded a resumed checkpoint's weights into it), and the model's weights that do not evolve.
+    if engine_group is None:
+        backend.load_weights(model.named_parameters())
+    else:
+        fixed = ((name, p) for name, p in model.named_parameters() if name not in master.full_shapes)
+        backend.load_weights(itertools.chain(master.centre(), fixed))
     return backend
 
 

@@ -1,10 +1,11 @@
 """Every use of transformers' private API, in one place (tested in `tests/compat/test_transformers.py`).
 
-`Trainer` has no public hook for five things ESTrainer needs: wrapping the train sampler, writing extra state into
-each checkpoint, reading it back on resume, making the model ready before `load_best_model_at_end` loads into it, and
-leaving files out of its pushes to the Hub. Its private methods (and
-the `HfApi` its pushes upload through) are the hooks; [`TrainerHooks`] overrides them and calls methods with public
-names instead. It also gives the wrapped sampler its epoch where the Trainer's own call misses it ([`SamplerEpochs`]).
+`Trainer` has no public hook for six things ESTrainer needs: wrapping the train sampler, writing extra state into
+each checkpoint, reading it back on resume, choosing what a resume loads into the model, making the model ready
+before `load_best_model_at_end` loads into it, and leaving files out of its pushes to the Hub. Its private methods
+(and the `HfApi` its pushes upload through) are the hooks; [`TrainerHooks`] overrides them and calls methods with
+public names instead. It also gives the wrapped sampler its epoch where the Trainer's own call misses it
+([`SamplerEpochs`]).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ PRIVATE_NAMES = {
         "Trainer._load_optimizer_and_scheduler",
         "Trainer._push_from_checkpoint",
         "Trainer._load_best_model",
+        "Trainer._load_from_checkpoint",
     ],
     "uploads_ignoring": [
         "transformers.trainer.hf_api (what Trainer.push_to_hub and _push_from_checkpoint upload with)"
@@ -36,7 +38,7 @@ TENSORBOARD_FOLDER = "runs"
 
 
 class TrainerHooks:
-    """A mixin, placed before the `Trainer` subclass in the bases, that turns five private hooks of transformers'
+    """A mixin, placed before the `Trainer` subclass in the bases, that turns six private hooks of transformers'
     `Trainer` into public ones. Override these:
 
     - `wrap_train_sampler(sampler)`: the sampler training uses, given the one the parent built; if it has
@@ -44,6 +46,8 @@ class TrainerHooks:
     - `save_extra_state(output_dir)`: called in every checkpoint save after the optimizer and scheduler are written
       and before `trainer_state.json` (which the Trainer writes last, so a checkpoint with a Trainer state always has
       this state too);
+    - `load_checkpoint_weights(checkpoint, model)`: loads the checkpoint's weights into the model on resume (by
+      default as the Trainer does), before the optimizer, the scheduler and the extra state;
     - `load_extra_state(checkpoint)`: called on resume, once the optimizer and scheduler are loaded;
     - `before_best_model_load()`: called at the end of training with `load_best_model_at_end`, before the Trainer
       loads the best checkpoint's weights into the model;
@@ -57,6 +61,9 @@ class TrainerHooks:
 
     def save_extra_state(self, output_dir: str) -> None:
         pass
+
+    def load_checkpoint_weights(self, checkpoint: str, model=None) -> None:
+        super()._load_from_checkpoint(checkpoint, model)
 
     def load_extra_state(self, checkpoint: str) -> None:
         pass
@@ -93,6 +100,9 @@ class TrainerHooks:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.load_extra_state(checkpoint)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        self.load_checkpoint_weights(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
         self.before_best_model_load()

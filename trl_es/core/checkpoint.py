@@ -15,7 +15,7 @@ import json
 import os
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -122,25 +122,22 @@ def check_saved_tensors(
             )
 
 
-def float32_model_weights(checkpoint_dir: str | os.PathLike, names: list[str]) -> dict[str, torch.Tensor]:
-    """The float32 tensors among `names` in the checkpoint's model files (`model.safetensors`, or its shards): for a
-    float32 run they are the master itself. Names stored in another dtype, or not found, are left out."""
+def model_weight_files(checkpoint_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoint's model files: `model.safetensors`, or the shards its index lists (none if it has neither)."""
     checkpoint_dir = Path(checkpoint_dir)
-    files = {}
     if (checkpoint_dir / "model.safetensors").is_file():
-        files = dict.fromkeys(names, "model.safetensors")
-    elif (checkpoint_dir / "model.safetensors.index.json").is_file():
-        weight_map = json.loads((checkpoint_dir / "model.safetensors.index.json").read_text())["weight_map"]
-        files = {name: weight_map[name] for name in names if name in weight_map}
-    found = {}
-    for file in sorted(set(files.values())):
-        with safe_open(checkpoint_dir / file, "pt") as weights:
-            available = set(weights.keys())
-            for name in (n for n, f in files.items() if f == file and n in available):
-                tensor = weights.get_tensor(name)
-                if tensor.dtype == torch.float32:
-                    found[name] = tensor
-    return found
+        return [checkpoint_dir / "model.safetensors"]
+    index = checkpoint_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return [checkpoint_dir / file for file in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return []
+
+
+def float32_model_weights(checkpoint_dir: str | os.PathLike, names: Iterable[str]) -> TensorFiles:
+    """The float32 tensors among `names` in the checkpoint's model files, each read when asked for: for a float32 run
+    they are the master itself. Names stored in another dtype, or not found, are left out."""
+    weights = TensorFiles(model_weight_files(checkpoint_dir))
+    return weights.only(name for name in names if weights.dtypes.get(name) == torch.float32)
 
 
 def checkpoint_problem(path: str | os.PathLike) -> str | None:

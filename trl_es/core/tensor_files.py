@@ -110,6 +110,14 @@ class TensorFiles(StoredTensors):
         """The tensors `names`, in that order."""
         return {name: self[name] for name in names}
 
+    def only(self, names: Iterable[str]) -> TensorFiles:
+        """The tensors of `names` that the files hold, still read when asked for."""
+        chosen = TensorFiles([])
+        chosen._file_of = {name: self._file_of[name] for name in names if name in self._file_of}
+        chosen.shapes = {name: self.shapes[name] for name in chosen._file_of}
+        chosen.dtypes = {name: self.dtypes[name] for name in chosen._file_of}
+        return chosen
+
 
 def shapes_and_dtypes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
     """Each tensor's shape and dtype: from the headers of [`StoredTensors`] (nothing read), else from the tensors."""

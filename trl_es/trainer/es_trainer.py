@@ -73,7 +73,12 @@ from .reward_checks import checked_reward_function
 from .rollouts import context_length, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
 from .scoring import generate_and_score
-from .trainer_population import build_trainer_population, restore_model_weights
+from .trainer_population import (
+    build_trainer_population,
+    load_fixed_weights,
+    loads_checkpoint_weights,
+    restore_model_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -486,8 +491,23 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             metadata |= self._noise_scale.state()
             resume.save_run_state(output_dir, self._population, self._reference, metadata, self.args.should_save)
 
+    def load_checkpoint_weights(self, checkpoint: str, model=None) -> None:
+        """As the Trainer loads a checkpoint's weights on resume, except in a process of a tensor-parallel engine that
+        saves no checkpoint (it releases the model): there only the weights that do not evolve, where the checkpoint's
+        files hold every evolving one's float32 master (its population reads its share of them)."""
+        if loads_checkpoint_weights(self, checkpoint):
+            super().load_checkpoint_weights(checkpoint, model)
+        else:
+            load_fixed_weights(self.accelerator.unwrap_model(model or self.model), checkpoint)
+
     def load_extra_state(self, checkpoint: str) -> None:
-        resumed = resume.ResumedRun.load(checkpoint, self._evolving_parameters(), self.args, self.reward_func_names)
+        resumed = resume.ResumedRun.load(
+            checkpoint,
+            self._evolving_parameters(),
+            self.args,
+            self.reward_func_names,
+            model_loaded=loads_checkpoint_weights(self, checkpoint),
+        )
         self._population = None
         self._resumed = resumed  # a vLLM server rebuilds its master from the same files
         self._reference = StartingWeights.write(resumed.reference) if self.args.should_save else None

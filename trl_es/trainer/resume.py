@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from ..core.checkpoint import (
     ES_STATE_DIR,
@@ -107,18 +108,29 @@ class ResumedRun:
     metadata: dict  # es_state.json: the run settings, and the optimizer's number of updates
 
     @classmethod
-    def load(cls, checkpoint: str, parameters: dict[str, torch.nn.Parameter], args, reward_names: list[str]):
+    def load(
+        cls,
+        checkpoint: str,
+        parameters: dict[str, torch.nn.Parameter],
+        args,
+        reward_names: list[str],
+        model_loaded: bool = True,
+    ):
         """Read and check `checkpoint`'s ES state against the model's evolving `parameters`, warning about every run
-        setting that differs from `args` (and the reward functions)."""
+        setting that differs from `args` (and the reward functions). With `model_loaded=False` (a process that did not
+        load the checkpoint's weights into its model, see [`holds_every_master`]), every master comes from the
+        checkpoint's files."""
         lossy_masters, reference, metadata = load_es_state(checkpoint)
         _warn_about_changed_settings(checkpoint, metadata, args, reward_names)
         state_dir = Path(checkpoint) / ES_STATE_DIR
         check_saved_tensors(state_dir / MASTER_FILE, lossy_masters, parameters)
         check_saved_tensors(state_dir / REFERENCE_FILE, reference, parameters, complete=True)
         # The model already holds the checkpoint's weights: they are the master wherever they are float32. Where the
-        # model now rounds them (a float32 run resumed in bf16), the master comes from the checkpoint's float32 files.
+        # model now rounds them (a float32 run resumed in bf16), or did not load them, the master comes from the
+        # checkpoint's float32 files.
         lossy_masters = ChainMap(
-            _float32_masters_from_model_files(checkpoint, parameters, lossy_masters), lossy_masters
+            _float32_masters_from_model_files(checkpoint, parameters, lossy_masters, every=not model_loaded),
+            lossy_masters,
         )
         counters = StepCounters(metadata.get("skipped_steps", 0), metadata.get("degenerate_steps", 0))
         return cls(checkpoint, lossy_masters, reference, counters, load_optimizer_state(checkpoint), metadata)
@@ -148,10 +160,21 @@ def _warn_about_changed_settings(checkpoint: str, metadata: dict, args, reward_n
         )
 
 
-def _float32_masters_from_model_files(checkpoint, parameters, lossy_masters) -> dict[str, torch.Tensor]:
-    """Float32 masters, read from the checkpoint's weight files, of the parameters that the model rounds now but
-    that the checkpoint saved in float32 (so its ES state holds no master for them)."""
-    names = [n for n, p in parameters.items() if p.dtype != torch.float32 and n not in lossy_masters]
+def holds_every_master(checkpoint: str, parameters: dict[str, torch.nn.Parameter]) -> bool:
+    """Whether `checkpoint`'s files hold the float32 master of every one of `parameters` (its ES state's masters, and
+    the float32 weights of its model files), so that a process that keeps no model need not load its weights to
+    resume: a bf16 model's masters are in its ES state, a float32 model's weights are their own. Only headers are
+    read."""
+    masters = load_es_state(checkpoint)[0]
+    others = [name for name in parameters if name not in masters]
+    return len(float32_model_weights(checkpoint, others)) == len(others)
+
+
+def _float32_masters_from_model_files(checkpoint, parameters, lossy_masters, every=False) -> Mapping[str, Tensor]:
+    """Float32 masters, read from the checkpoint's weight files as they are asked for, of the parameters that the
+    model rounds now (`every`: of all of them) but that the checkpoint saved in float32 (so its ES state holds no
+    master for them)."""
+    names = [n for n, p in parameters.items() if (every or p.dtype != torch.float32) and n not in lossy_masters]
     if not names:
         return {}
     found = float32_model_weights(checkpoint, names)
