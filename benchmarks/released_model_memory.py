@@ -6,9 +6,11 @@ until written). Each applies two updates through `Population.apply_update`, whic
 weights it keeps, and reports how much private memory (`Anonymous` in `/proc/self/smaps_rollup`: the pages of no
 file, the written copies of the mapped weights among them) it added since before the model was loaded. Side by side
 in one run: every process keeps the model (as before 2026-12-06), and the process that saves no checkpoint (rank 1)
-releases it (`Population.release_model_weights`). The engine is left out (it is the same in both). The processes
-give their freed temporaries back to the system at once (`MALLOC_MMAP_THRESHOLD_`): glibc would keep some of the
-update's in its heap, and the measure would be the allocator's:
+releases it (`Population.release_model_weights`). Then a resume: the process that does not save loads the
+checkpoint's weights into its model first, as the Trainer does (before 2026-12-06), or only reads its share of the
+float32 masters, and reports the most private memory it held. The engine is left out (it is the same in both). The
+processes give their freed temporaries back to the system at once (`MALLOC_MMAP_THRESHOLD_`): glibc would keep some
+of the update's in its heap, and the measure would be the allocator's:
 
     .venv/bin/python benchmarks/released_model_memory.py --hidden 1024 --layers 12
 
@@ -29,10 +31,12 @@ if REPOSITORY not in sys.path:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 from benchmarks.harness import run_on_processes  # noqa: E402
 from trl_es.backends.population import Population, evolving_parameters  # noqa: E402
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
+from trl_es.core.tensor_files import TensorFiles  # noqa: E402
 
 PROCESSES = 2
 COEFFICIENTS = {1: 0.5, 2: -0.5}
@@ -66,6 +70,37 @@ def train(rank: int, world: int, folder: str, release: bool, results) -> None:
     results[rank] = private_gb() - before
 
 
+def resume(rank: int, world: int, folder: str, load: bool, results) -> None:
+    """Resume from `folder/checkpoint` as the processes of a tensor-parallel engine do; rank 1, which saves nothing,
+    loads the checkpoint's weights into its model first (`load`, as the Trainer does) or not. Reports the most private
+    memory rank 1 held at the end of each phase: the weights in place, the master share read, the model released."""
+    before, held = private_gb(), []
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    checkpoint = Path(folder, "checkpoint")
+    if rank == 0 or load:
+        model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)
+    held.append(private_gb() - before)
+    parameters = evolving_parameters(model)
+    shards = EngineShards(dist.group.WORLD, {name: p.shape for name, p in parameters.items()})
+    master = ShardedMasterWeights(parameters, 0.01, shards, share_float32=False)
+    master.load_saved(TensorFiles([checkpoint / "es_state" / "master.safetensors"]))  # its share of the masters
+    held.append(private_gb() - before)
+    if rank == 1:
+        Population(master, NoEngine(), parameters).release_model_weights()
+    held.append(private_gb() - before)
+    results[rank] = max(held)
+
+
+def write_checkpoint(folder: str) -> None:
+    """A checkpoint of the model in `folder`: its bf16 weights, moved, and their float32 masters."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    moved = {name: (p.detach().float() + 1e-3).contiguous() for name, p in model.named_parameters()}
+    checkpoint = Path(folder, "checkpoint")
+    (checkpoint / "es_state").mkdir(parents=True)
+    save_file({name: t.bfloat16() for name, t in moved.items()}, checkpoint / "model.safetensors")
+    save_file(moved, checkpoint / "es_state" / "master.safetensors")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=1024)
@@ -94,7 +129,15 @@ def main():
             results = run_on_processes(train, PROCESSES, folder, release)
             grown[release] = [results[rank] for rank in range(PROCESSES)]
             print(f"{label:<34}{', '.join(f'{value:.2f}' for value in grown[release]):>40}")
+        write_checkpoint(folder)
+        print(f"{'a resume, the process that does not save':<44}{'most private memory (GB)':>30}")
+        for load, label in ((True, "loads the checkpoint's weights"), (False, "reads its share of the masters")):
+            held = run_on_processes(resume, PROCESSES, folder, load)[1]
+            grown[f"resume_{load}"] = held
+            print(f"{label:<44}{held:>30.2f}")
     ratio = grown[True][1] / max(grown[False][1], 1e-9)
+    resume_ratio = grown["resume_False"] / max(grown["resume_True"], 1e-9)
+    print(f"released_model_resume_ratio (reads its share / loads the weights): {resume_ratio:.2f}")
     print(f"released_model_memory_ratio (releases / keeps, the process that does not save): {ratio:.2f}")
 
 
