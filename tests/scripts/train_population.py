@@ -134,6 +134,7 @@ def main():
         model_init_kwargs={"dtype": cli.dtype},
         **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
         **(BEST if cli.load_best else {}),
+        **({"eval_ks": [2]} if cli.evaluate else {}),  # coverage: its entropies run the model on every process
         **MOVING,
     )
     trainer_box = []
@@ -157,12 +158,12 @@ def main():
     held = sum(tensor.numel() for tensor in trainer.population.master.tensors.values())
     Path(cli.output_dir, f"master_elements_rank{rank}").write_text(str(held))
     Path(cli.output_dir, f"wrapped_rank{rank}").write_text(type(trainer.model_wrapped).__name__)  # DDP's, or not
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    held = sum(parameter.numel() for parameter in evolving_parameters(model).values())
-    Path(cli.output_dir, f"model_elements_rank{rank}").write_text(str(held))  # 0 where a process released them
     rewards = [entry.get("reward") for entry in trainer.state.log_history]  # training's, before any evaluation
     if cli.evaluate:
         evaluate(trainer, cli.output_dir)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    held = sum(parameter.numel() for parameter in evolving_parameters(model).values())
+    Path(cli.output_dir, f"model_elements_rank{rank}").write_text(str(held))  # 0 where a process released them
     # Collective: the processes of a tensor-parallel engine each hold a share of the master.
     master = trainer.population.master.full_state_dict(keep=trainer.accelerator.is_main_process)
     if trainer.accelerator.is_main_process:
