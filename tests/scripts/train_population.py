@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 from trl_es import ESTrainer
 from trl_es.backends.population import evolving_parameters
 from trl_es.testing import digit_fraction, digit_prompts
-from trl_es.trainer.trainer_population import restore_model_weights
+from trl_es.trainer.released_model import restore_model_weights
 from trl_es.trainer.vllm_engine import release_vllm_engine
 
 

@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM
 from trl_es import ESTrainer
 from trl_es.core.checkpoint import last_complete_checkpoint
 from trl_es.testing import digit_fraction
+from trl_es.trainer.released_model import load_fixed_weights
 from trl_es.trainer.resume import ResumedRun, holds_every_master
-from trl_es.trainer.trainer_population import load_fixed_weights
 
 
 def resumable_config(make_config, **overrides):

@@ -11,7 +11,7 @@ from transformers import Trainer, TrainerCallback
 from ..evaluation.coverage import Judge, Sampler
 from ..evaluation.trainer_coverage import grpo_sampler, measure_trainer
 from .es_trainer import ESTrainer
-from .trainer_population import model_weights_held
+from .released_model import model_weights_held
 
 
 def sampler_for(trainer) -> Sampler:

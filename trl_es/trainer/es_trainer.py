@@ -2,8 +2,9 @@
 
 One ES step (`_es_step`) reads like the method: the step's members, their completions from the backend, the rewards,
 the fitness and its shaping, the update of the centre. The rest of the class wires the Trainer's hooks to modules of
-their own: the population (`trainer_population.py`), scoring (`scoring.py`), what a step cannot do (`divergence.py`),
-logging (`step_logging.py`), checkpoints and resume (`resume.py`), evaluation (`evaluation.py`), the Hub (`hub.py`).
+their own: the population (`trainer_population.py`), which processes hold the model (`released_model.py`), scoring
+(`scoring.py`), what a step cannot do (`divergence.py`), logging (`step_logging.py`), checkpoints and resume
+(`resume.py`), evaluation (`evaluation.py`), the Hub (`hub.py`).
 The ES math lives in `trl_es/core/`, the ways of generating with members in `trl_es/backends/` (chosen once, by
 `build_population`), and every use of a library's private API in `trl_es/compat/`. (The class docstring is
 ESTrainer's API reference page, which is most of the file's length.)
@@ -69,16 +70,12 @@ from .kl_probe import KLProbe
 from .noise_scale import NoiseScale
 from .output_lock import hold_output_dir
 from .preemption import stop_on_preemption
+from .released_model import load_fixed_weights, loads_checkpoint_weights, restore_model_weights
 from .reward_checks import checked_reward_function
 from .rollouts import context_length, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
 from .scoring import generate_and_score
-from .trainer_population import (
-    build_trainer_population,
-    load_fixed_weights,
-    loads_checkpoint_weights,
-    restore_model_weights,
-)
+from .trainer_population import build_trainer_population
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from ..core.fitness import weighted_rewards
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.trainer_coverage import measure_trainer
+from .released_model import model_weights_held
 from .rollouts import check_prompts_fit, decode_completions, tokenize_prompts
 from .scoring import MemberCompletions
 from .step_logging import log_completion_lengths, log_rewards, log_tool_calls, mean_or_none
-from .trainer_population import model_weights_held
 
 
 def evaluate_center_batch(trainer, inputs: list[dict]) -> None:
