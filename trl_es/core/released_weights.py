@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .update_shards import all_gather_objects
+
 RELEASED_SHAPE = "es_released_shape"  # the attribute a released parameter keeps its shape in
 
 
@@ -41,18 +43,13 @@ def restore(parameters: Mapping[str, torch.nn.Parameter], source: int, device: t
     Each tensor travels on `device` (the accelerator where the group communicates through NCCL), one at a time, as
     bytes, so the group's backend need not know its dtype."""
     released = [name for name, parameter in parameters.items() if is_released(parameter)]
-    states = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(states, bool(released))
-    if not any(states):
+    by_process = all_gather_objects(released[:3], torch.distributed.get_world_size())  # a few names each
+    if not any(by_process):
         return
-    missing = [None]
-    if torch.distributed.get_rank() == source:
-        missing = [released[:3]]
-    torch.distributed.broadcast_object_list(missing, src=source)
-    if missing[0]:
+    if by_process[source]:
         raise RuntimeError(
             f"Process {source} was to send the model's weights to the processes that released them, but it released "
-            f"{missing[0]} too. Only a process that saves checkpoints can give them back."
+            f"{by_process[source]} too. Only a process that saves checkpoints can give them back."
         )
     for parameter in parameters.values():
         shape = getattr(parameter, RELEASED_SHAPE, parameter.shape)
