@@ -149,10 +149,7 @@ def build_population(
         master = MasterWeights(parameters, args.sigma, share_float32=share, offload=args.offload_master, device=device)
     master.optimizer = DirectionOptimizer(direction_optimizer_settings(args), offload=args.offload_master)
     if resumed is not None:
-        # Read for the tensors this process keeps only. Collective where the master is split, and a process that
-        # loaded a float32 checkpoint into its model may have no master to read while another reads its share.
-        if resumed.lossy_masters or engine_group is not None:
-            master.load_saved(resumed.lossy_masters)
+        master.load_saved(resumed.lossy_masters)  # read for the tensors this process keeps only
         master.restore_optimizer(resumed.optimizer_state, resumed.metadata, update_shards)
 
     if vllm_mode is None and lowrank:

@@ -225,10 +225,13 @@ class MasterWeights:
 
     def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
         """Load the tensors of `saved` (a checkpoint's masters, read as they are asked for) that this master keeps;
-        the others keep their values (collective where [`load_state_dict`] is)."""
-        self.load_state_dict(
-            {name: saved[name] if name in saved else kept for name, kept in self.state_dict().items()}
-        )
+        the others keep their values (nothing is copied when `saved` is empty)."""
+        if saved:
+            self.load_state_dict(self._with_saved(saved))
+
+    def _with_saved(self, saved: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every tensor of the master: from `saved` where it holds one, else the master's own."""
+        return {name: saved[name] if name in saved else kept for name, kept in self.state_dict().items()}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         missing = sorted(set(self.tensors) - set(tensors))

@@ -141,6 +141,12 @@ class ShardedMasterWeights(MasterWeights):
         """Every tensor, from its owner (collective); `keep=False` drops each after its broadcast."""
         return {name: value for name, value in self.centre() if keep}
 
+    def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
+        """As [`MasterWeights.load_saved`], but collective whatever `saved` holds: another process of the group may
+        have its share to read where this one has none (a float32 model's process that loaded the checkpoint's
+        weights, beside one that did not)."""
+        self.load_state_dict(self._with_saved(saved))
+
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Load the owned tensors from `tensors` (a whole master, or any part holding them; collective: a non-finite
         value found by one process is raised by all)."""
