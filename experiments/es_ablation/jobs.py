@@ -5,6 +5,7 @@ cached in the work folder."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from experiments.es_ablation.settings import VARIANTS, AblationSettings
@@ -71,14 +72,14 @@ def train_and_measure(job: Job) -> dict:
 def measure(settings: AblationSettings, model, tokenizer, split: str, num_problems: int, samples: int) -> dict:
     """Per problem of the first `num_problems` of `split`: greedy correctness and, with `samples`, the number of
     correct samples at temperature 1 (from the demo's evaluation seed)."""
-    from trl_es.evaluation.coverage import TransformersSampler, answer_judge, measure_prompts
+    from trl_es.evaluation.coverage import TransformersSampler, answer_judge, completion_entropy, measure_prompts
     from trl_es.tasks.arithmetic import arithmetic_dataset, extract_answer
 
     data = arithmetic_dataset(split, num_problems)
     prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in data["prompt"]]
     outcomes = measure_prompts(
         TransformersSampler(model, tokenizer),
-        model,
+        partial(completion_entropy, model),
         tokenizer,
         prompt_ids,
         answer_judge(list(data["answer"]), extract_answer),

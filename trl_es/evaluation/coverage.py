@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -177,9 +178,14 @@ class BackendSampler:
         return [completions[i : i + n] for i in range(0, len(completions), n)]
 
 
+# Per prompt, the summed entropy of its completions' tokens and their number, given the prompts and their completions
+# ([`completion_entropy`] with a model; the processes that hold the weights, in a trainer's evaluation).
+EntropyMeasure = Callable[[list[list[int]], list[list[list[int]]]], list[tuple[float, int]]]
+
+
 def measure_prompts(
     sampler: Sampler,
-    model,
+    entropies: EntropyMeasure,
     tokenizer,
     prompt_ids: list[list[int]],
     judge: Judge,
@@ -188,13 +194,13 @@ def measure_prompts(
     max_new_tokens: int = 8,
     seed: int = 1234,
 ) -> list[PromptOutcome]:
-    """Greedy and sampled completions of every prompt, judged, with the sampled tokens' entropy under `model`."""
+    """Greedy and sampled completions of every prompt, judged, with the sampled tokens' entropy measured by
+    `entropies`."""
     greedy = sampler.sample(prompt_ids, 1, 0.0, max_new_tokens, seed)
     sampled = sampler.sample(prompt_ids, samples_per_prompt, temperature, max_new_tokens, seed)
-    entropies = completion_entropy(model, prompt_ids, sampled)
     outcomes = []
     for index, (greedy_ids, sampled_ids, (entropy_sum, token_count)) in enumerate(
-        zip(greedy, sampled, entropies, strict=True)
+        zip(greedy, sampled, entropies(prompt_ids, sampled), strict=True)
     ):
         greedy_verdict = judge(index, tokenizer.batch_decode(greedy_ids, skip_special_tokens=True), greedy_ids)
         verdict = judge(index, tokenizer.batch_decode(sampled_ids, skip_special_tokens=True), sampled_ids)
@@ -261,7 +267,7 @@ def coverage_report(
     prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
     outcomes = measure_prompts(
         sampler or TransformersSampler(model, tokenizer),
-        model,
+        partial(completion_entropy, model),
         tokenizer,
         prompt_ids,
         judge or answer_judge(references, extract_answer),
