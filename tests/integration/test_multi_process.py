@@ -86,8 +86,8 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
     total = sum(tensor.numel() for tensor in load_file(one / "master.safetensors").values())
     held = [int((tmp_path / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert sum(held) == total and max(held) < 0.6 * total, (held, total)
-    # The process that saves keeps the model, following the centre; the other released its copy, got it back for
-    # coverage's entropies and released it again, and gets it back from the first when asked.
+    # The process that saves keeps the model, following the centre; the other released its copy (coverage's entropies
+    # were measured by the first, as the second had no weights to run) and gets it back from the first when asked.
     model = [int((tmp_path / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert model == [total, 0], (model, total)
     final = load_file(tmp_path / "final.safetensors")

@@ -3,7 +3,8 @@
 The caller gives the sampler that holds the weights being trained (`ESTrainer.coverage_sampler()`: the centre of the
 population, never a perturbed member; `grpo_sampler(trainer)` for a GRPOTrainer's policy); the trainer gives its
 tokenizer, reward functions and processes. The eval prompts are split across processes and the outcomes gathered, so
-every process returns the same report.
+every process returns the same report. The completions' entropies are computed by the processes that hold the model's
+weights: all of them, except in a tensor-parallel ES run, where only the processes that save keep them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from accelerate.utils import gather_object
@@ -18,14 +20,17 @@ from datasets import Dataset
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 
 from ..compat.trl import colocated_engine, sync_engine_weights
+from ..core.released_weights import is_released
 from .coverage import (
     CoverageReport,
+    EntropyMeasure,
     Judge,
     Sampler,
     TransformersSampler,
     Verdict,
     VLLMEngineSampler,
     answer_judge,
+    completion_entropy,
     measure_prompts,
     summarize,
 )
@@ -121,7 +126,7 @@ def measure_trainer(
     prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
     outcomes = measure_prompts(
         sampler,
-        trainer.accelerator.unwrap_model(trainer.model),
+        entropies_where_held(trainer.accelerator.unwrap_model(trainer.model), indices, state),
         tokenizer,
         prompt_ids,
         lambda local, texts, ids: judge(indices[local], texts, ids),
@@ -132,3 +137,29 @@ def measure_trainer(
     )
     gathered = gather_object(list(zip(indices, outcomes, strict=True)))
     return summarize([outcome for _, outcome in sorted(gathered, key=lambda pair: pair[0])], ks)
+
+
+def entropies_where_held(model, indices: list[int], state) -> EntropyMeasure:
+    """How this process measures the entropies of its prompts' completions (`indices`, its prompts' positions in the
+    eval set) with `model`: itself, when every process holds the model's weights. Otherwise (the processes of a
+    tensor-parallel ES run that save no checkpoint released them) the processes that hold them measure everyone's
+    completions, shared out between them, so that no process needs the weights back: for a bf16 70B model, a 140 GB
+    copy per process for each evaluation. Collective: every process calls it, and the measure it returns, together."""
+    holds = not any(is_released(parameter) for parameter in model.parameters())
+    holders = [rank for rank, held in enumerate(gather_object([holds])) if held]
+    if len(holders) == state.num_processes:
+        return partial(completion_entropy, model)
+    if not holders:
+        raise RuntimeError(
+            "Coverage evaluation measures the completions' entropies with the model, but no process holds its weights "
+            "(every one released them). Restore them first (`trl_es.core.released_weights.restore`)."
+        )
+
+    def entropies(prompt_ids: list[list[int]], completions: list[list[list[int]]]) -> list[tuple[float, int]]:
+        rows = sorted(gather_object(list(zip(indices, prompt_ids, completions, strict=True))), key=lambda r: r[0])
+        mine = rows[holders.index(state.process_index) :: len(holders)] if holds else []
+        measured = completion_entropy(model, [row[1] for row in mine], [row[2] for row in mine]) if mine else []
+        by_index = dict(gather_object([(row[0], value) for row, value in zip(mine, measured, strict=True)]))
+        return [by_index[index] for index in indices]
+
+    return entropies

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
@@ -11,19 +10,12 @@ from transformers import Trainer, TrainerCallback
 from ..evaluation.coverage import Judge, Sampler
 from ..evaluation.trainer_coverage import grpo_sampler, measure_trainer
 from .es_trainer import ESTrainer
-from .released_model import model_weights_held
 
 
 def sampler_for(trainer) -> Sampler:
     """The generation path of `trainer`, holding the weights it trains: an ESTrainer's centre (its vLLM engine or
     server when it has one), a GRPOTrainer's policy."""
     return trainer.coverage_sampler() if isinstance(trainer, ESTrainer) else grpo_sampler(trainer)
-
-
-def model_held(trainer) -> AbstractContextManager[None]:
-    """The trainer's model on every process while coverage runs it: an ESTrainer's processes of a tensor-parallel
-    engine that save no checkpoint released theirs."""
-    return model_weights_held(trainer) if isinstance(trainer, ESTrainer) else nullcontext()
 
 
 class CoverageEvalCallback(TrainerCallback):
@@ -127,19 +119,18 @@ class CoverageEvalCallback(TrainerCallback):
         metrics = {}
         for name, dataset in self.eval_datasets.items():
             sampler = sampler_for(self.trainer)
-            with model_held(self.trainer):  # the completions' entropies are computed with the model
-                report = measure_trainer(
-                    self.trainer,
-                    sampler,
-                    dataset,
-                    self.ks,
-                    self.extract_answer,
-                    answer_column=self.answer_column,
-                    judge=self.judge,
-                    samples_per_prompt=self.samples_per_prompt,
-                    temperature=self.temperature,
-                    max_new_tokens=self.max_new_tokens,
-                )
+            report = measure_trainer(
+                self.trainer,
+                sampler,
+                dataset,
+                self.ks,
+                self.extract_answer,
+                answer_column=self.answer_column,
+                judge=self.judge,
+                samples_per_prompt=self.samples_per_prompt,
+                temperature=self.temperature,
+                max_new_tokens=self.max_new_tokens,
+            )
             prefix = f"eval_{name}_" if name else "eval_"
             metrics.update({prefix + metric: value for metric, value in report.as_dict().items()})
         return metrics

@@ -13,7 +13,6 @@ from ..core.fitness import weighted_rewards
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import BackendSampler, Sampler, TransformersSampler
 from ..evaluation.trainer_coverage import measure_trainer
-from .released_model import model_weights_held
 from .rollouts import check_prompts_fit, decode_completions, tokenize_prompts
 from .scoring import MemberCompletions
 from .step_logging import log_completion_lengths, log_rewards, log_tool_calls, mean_or_none
@@ -77,15 +76,14 @@ def coverage_metrics(trainer, dataset, prefix: str) -> dict[str, float]:
             "`datasets.Dataset`, or unset eval_ks."
         )
     sampler = center_sampler(trainer)
-    with model_weights_held(trainer):  # the completions' entropies are computed with the model
-        report = measure_trainer(
-            trainer,
-            sampler,
-            dataset,
-            args.eval_ks,
-            trainer.answer_extractor,
-            success_threshold=args.success_reward_threshold,
-            temperature=args.eval_temperature,
-            seed=args.seed,
-        )
+    report = measure_trainer(
+        trainer,
+        sampler,
+        dataset,
+        args.eval_ks,
+        trainer.answer_extractor,
+        success_threshold=args.success_reward_threshold,
+        temperature=args.eval_temperature,
+        seed=args.seed,
+    )
     return {f"{prefix}_{name}": value for name, value in report.as_dict().items()}

@@ -9,9 +9,6 @@ loads them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 
 from ..backends.population import evolving_parameters
@@ -27,18 +24,6 @@ def keeps_model(trainer) -> bool:
     """Whether this process keeps the model's weights while it trains: a process of a tensor-parallel engine that
     saves no checkpoint lets go of them."""
     return colocated_engine_group(trainer) is None or trainer.args.should_save
-
-
-@contextmanager
-def model_weights_held(trainer) -> Iterator[None]:
-    """The model's weights on every process for the duration (coverage's entropies run the model on each), released
-    again after where the population releases them."""
-    restore_model_weights(trainer)
-    try:
-        yield
-    finally:
-        if not keeps_model(trainer):
-            trainer.population.release_model_weights()
 
 
 def loads_checkpoint_weights(trainer, checkpoint: str) -> bool:
@@ -62,7 +47,7 @@ def load_fixed_weights(model, checkpoint: str) -> None:
 def restore_model_weights(trainer) -> None:
     """Give the model's weights back to the processes of tensor-parallel engines that released them, from the main
     process (which saves, so it keeps the model holding the centre): before anything that reads or loads them
-    (another population, the Trainer's load of a checkpoint, coverage's entropies). Collective where the run's
+    (another population, the Trainer's load of a checkpoint). Collective where the run's
     engines are tensor-parallel; nothing is sent when no process released its model."""
     if engine_group_size(trainer.args) == 1:
         return
