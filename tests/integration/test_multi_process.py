@@ -127,20 +127,27 @@ def test_a_float32_tensor_parallel_run_resumes_each_share_of_its_master_from_the
 
 
 @pytest.mark.slow
-def test_a_tensor_parallel_run_loads_its_best_checkpoint_into_every_process_at_the_end(tmp_path, tiny_model_path):
-    """load_best_model_at_end where the process that saves no checkpoint released the model's weights: they come back
-    before the Trainer loads the best checkpoint into them (a load into released weights fails on their shape), every
-    process then holds the best checkpoint's weights, and the population built again from them releases them again."""
+def test_a_tensor_parallel_run_loads_its_best_checkpoint_only_where_the_model_is_kept(tmp_path, tiny_model_path):
+    """load_best_model_at_end where the process that saves no checkpoint released the model's weights: as on resume,
+    the Trainer loads the best checkpoint into the process that saves, the other keeps its weights released (its
+    population reads its master share from the checkpoint), and every process holds the best checkpoint's weights
+    once they are given back."""
     needs_vllm()
     run = launch(2, tiny_model_path, tmp_path, "--use_vllm", "--tensor_parallel_size", 2, "--dtype", "bfloat16",
                  "--load_best")  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["best_model_checkpoint"] != str(tmp_path / "checkpoint-3")  # the best is not the last weights
     best = load_file(Path(state["best_model_checkpoint"]) / "model.safetensors")
-    assert [int((tmp_path / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)][1] == 0
+    total = sum(tensor.numel() for tensor in load_file(tmp_path / "master.safetensors").values())
+    trained = [int((tmp_path / f"trained_model_elements_rank{rank}").read_text()) for rank in (0, 1)]
+    assert trained == [total, 0], (trained, total)
     for rank in (0, 1):
         restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
         assert all(torch.equal(restored[name], best[name]) for name in restored), rank
+    master = load_file(tmp_path / "master.safetensors")  # gathered from both shares, each read from the best
+    saved = load_file(Path(state["best_model_checkpoint"]) / "es_state" / "master.safetensors")
+    assert master.keys() == saved.keys() and all(torch.equal(master[name], saved[name]) for name in saved)
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ rank's master is nudged after the first step, which the rank agreement check mus
 that rank's model is nudged before training, which the check at the start must catch. With --es_optimizer, each
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`; every rank also writes
 the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it, and
-the elements of its evolving weights it holds after training, `model_elements_rank<R>`; with a tensor-parallel engine,
+the elements of its evolving weights it holds as `train()` returns, `trained_model_elements_rank<R>`, and at the end,
+`model_elements_rank<R>`; with a tensor-parallel engine,
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
 `restored_rank<R>.safetensors`);
 --save_steps writes checkpoints, and --resume_from continues one (each rank writes whether its model held the
@@ -153,6 +154,9 @@ def main():
             next(trainer.model.parameters()).view(-1)[0] += 1e-3
     trainer.train(resume_from_checkpoint=cli.resume_from)
     rank = trainer.accelerator.process_index
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    held = sum(parameter.numel() for parameter in evolving_parameters(model).values())
+    Path(cli.output_dir, f"trained_model_elements_rank{rank}").write_text(str(held))  # before a population is rebuilt
     held = sum(tensor.numel() for tensor in trainer.population.master.optimizer.state_dict().values())
     Path(cli.output_dir, f"optimizer_elements_rank{rank}").write_text(str(held))
     held = sum(tensor.numel() for tensor in trainer.population.master.tensors.values())
@@ -161,7 +165,6 @@ def main():
     rewards = [entry.get("reward") for entry in trainer.state.log_history]  # training's, before any evaluation
     if cli.evaluate:
         evaluate(trainer, cli.output_dir)
-    model = trainer.accelerator.unwrap_model(trainer.model)
     held = sum(parameter.numel() for parameter in evolving_parameters(model).values())
     Path(cli.output_dir, f"model_elements_rank{rank}").write_text(str(held))  # 0 where a process released them
     # Collective: the processes of a tensor-parallel engine each hold a share of the master.

@@ -49,8 +49,8 @@ class TrainerHooks:
     - `load_checkpoint_weights(checkpoint, model)`: loads the checkpoint's weights into the model on resume (by
       default as the Trainer does), before the optimizer, the scheduler and the extra state;
     - `load_extra_state(checkpoint)`: called on resume, once the optimizer and scheduler are loaded;
-    - `before_best_model_load()`: called at the end of training with `load_best_model_at_end`, before the Trainer
-      loads the best checkpoint's weights into the model;
+    - `load_best_model_weights()`: loads the best checkpoint's weights into the model at the end of training with
+      `load_best_model_at_end` (by default as the Trainer does);
     - `hub_ignore_patterns()`: files of `output_dir` and of a pushed checkpoint that every push to the Hub leaves out
       (`push_to_hub`, and the push at each save with `push_to_hub=True`), besides the Trainer's own `_*` and
       `checkpoint-*`.
@@ -68,8 +68,8 @@ class TrainerHooks:
     def load_extra_state(self, checkpoint: str) -> None:
         pass
 
-    def before_best_model_load(self) -> None:
-        pass
+    def load_best_model_weights(self) -> None:
+        super()._load_best_model()
 
     def hub_ignore_patterns(self) -> list[str]:
         """By default, `training_args.bin` (a pickle: unsafe to load from a stranger, and holding this machine's paths)
@@ -105,8 +105,7 @@ class TrainerHooks:
         self.load_checkpoint_weights(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
-        self.before_best_model_load()
-        super()._load_best_model()
+        self.load_best_model_weights()
 
 
 class SamplerEpochs(TrainerCallback):

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .guards import check_finite_tensors
+from .released_weights import full_shape
 from .tensor_files import TensorFiles, shapes_and_dtypes
 
 ES_STATE_DIR = "es_state"
@@ -113,7 +114,7 @@ def check_saved_tensors(
             "Resume with the same model (and PEFT configuration) that wrote the checkpoint."
         )
     for name, (shape, dtype) in shapes_and_dtypes(saved).items():
-        expected = tuple(parameters[name].shape)
+        expected = tuple(full_shape(parameters[name]))  # a released parameter's too
         if tuple(shape) != expected or not dtype.is_floating_point:
             raise ValueError(
                 f"{path} holds {name!r} as a {dtype} tensor of shape {tuple(shape)}, but the model's "

@@ -23,6 +23,11 @@ def is_released(parameter: torch.Tensor) -> bool:
     return hasattr(parameter, RELEASED_SHAPE)
 
 
+def full_shape(parameter: torch.Tensor) -> torch.Size:
+    """The shape of `parameter`'s data, held or released."""
+    return getattr(parameter, RELEASED_SHAPE, parameter.shape)
+
+
 def release(parameters: Mapping[str, torch.nn.Parameter]) -> None:
     """Let go of the data of `parameters` (each keeps its object, dtype and device, and its shape for [`restore`])."""
     for parameter in parameters.values():
@@ -52,11 +57,10 @@ def restore(parameters: Mapping[str, torch.nn.Parameter], source: int, device: t
             f"{by_process[source]} too. Only a process that saves checkpoints can give them back."
         )
     for parameter in parameters.values():
-        shape = getattr(parameter, RELEASED_SHAPE, parameter.shape)
         if torch.distributed.get_rank() == source:
             value = parameter.detach().to(device).contiguous()
         else:
-            value = torch.empty(shape, dtype=parameter.dtype, device=device)
+            value = torch.empty(full_shape(parameter), dtype=parameter.dtype, device=device)
         torch.distributed.broadcast(value.view(-1).view(torch.uint8), src=source)
         if is_released(parameter):  # the others hold it already (their copy is the source's)
             parameter.data = value.to(parameter.device)

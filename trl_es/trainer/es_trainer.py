@@ -464,17 +464,30 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best is not None and Path(best).is_dir():
-            # The Trainer loaded the best checkpoint's weights into the model: the population follows it, with that
-            # checkpoint's float32 master, as a resume from it would.
+            # The best checkpoint's weights were loaded into the model (`load_best_model_weights`): the population
+            # follows it, with that checkpoint's float32 master, as a resume from it would.
             self._population = None
             self._resumed = resume.ResumedRun.load(
-                best, self._evolving_parameters(), self.args, self.reward_func_names
+                best,
+                self._evolving_parameters(),
+                self.args,
+                self.reward_func_names,
+                model_loaded=loads_checkpoint_weights(self, best),
             )
         # `log` set the metrics' `train_loss` (the same dict) from the ES losses; the returned value follows it.
         return output._replace(training_loss=output.metrics.get("train_loss"))
 
-    def before_best_model_load(self) -> None:
-        restore_model_weights(self)
+    def load_best_model_weights(self) -> None:
+        """As the Trainer loads the best checkpoint's weights at the end of training, except in a process of a
+        tensor-parallel engine that saves no checkpoint: as on resume (`load_checkpoint_weights`), there only the
+        weights that do not evolve, where the checkpoint's files hold every evolving one's float32 master."""
+        best = self.state.best_model_checkpoint
+        if not loads_checkpoint_weights(self, best):
+            load_fixed_weights(self.accelerator.unwrap_model(self.model), best)
+            return
+        if not resume.holds_every_master(best, self._evolving_parameters()):  # the same on every process
+            restore_model_weights(self)  # every process loads the weights: those that released them get them back
+        super().load_best_model_weights()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """As [`~transformers.Trainer.save_model`] (also how every checkpoint writes its weights), but weights holding

@@ -2,9 +2,9 @@
 
 Those processes need none of it: each keeps its share of the float32 master, the engine gets every member and the
 centre from the owners of the shares, and checkpoints are written by the processes that save. So they release the
-model's evolving weights once the population is built (`core/released_weights.py`), a resume does not load the
-checkpoint's weights into their model, and the weights come back from the main process before anything that reads or
-loads them.
+model's evolving weights once the population is built (`core/released_weights.py`), neither a resume nor
+`load_best_model_at_end` loads a checkpoint's weights into their model, and the weights come back from the main process
+before anything that reads or loads them.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ def keeps_model(trainer) -> bool:
 
 
 def loads_checkpoint_weights(trainer, checkpoint: str) -> bool:
-    """Whether a resume from `checkpoint` loads its weights into this process's model, as the Trainer does: not in a
-    process that keeps no model when the checkpoint's files hold every float32 master, as its population then reads
-    its share from them (loaded, the weights would be a private copy of the model, held until they are released)."""
+    """Whether a resume from `checkpoint` (or `load_best_model_at_end`, from the best one) loads its weights into this
+    process's model, as the Trainer does: not in a process that keeps no model when the checkpoint's files hold every
+    float32 master, as its population then reads its share from them (loaded, the weights would be a private copy of
+    the model, held until they are released)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     return keeps_model(trainer) or not holds_every_master(checkpoint, evolving_parameters(model))
 
