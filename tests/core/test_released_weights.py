@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from benchmarks.harness import run_on_processes
+from trl_es.backends.population import check_released_masters_saved
+from trl_es.core.master import MasterWeights
 from trl_es.core.released_weights import is_released, release, released_bytes, restore
 
 
@@ -42,7 +44,7 @@ def test_a_released_parameter_keeps_its_object_dtype_and_shape_but_no_data_and_c
         model(torch.tensor([1, 2]))
 
 
-def _restore_worker(rank: int, world: int, release_on: tuple, results) -> None:
+def _restore_worker(rank: int, world: int, release_on: tuple, unwanted_on: tuple, results) -> None:
     model = TiedModel()
     if rank != 0:
         with torch.no_grad():  # the centre moved on the process that saves; this one's copy is stale
@@ -53,7 +55,7 @@ def _restore_worker(rank: int, world: int, release_on: tuple, results) -> None:
     if rank in release_on:
         release(dict(model.named_parameters()))
     try:
-        restore(dict(model.named_parameters()), source=0, device=torch.device("cpu"))
+        restore(dict(model.named_parameters()), source=0, device=torch.device("cpu"), wanted=rank not in unwanted_on)
         error = None
     except RuntimeError as raised:
         error = str(raised)
@@ -66,7 +68,7 @@ def _restore_worker(rank: int, world: int, release_on: tuple, results) -> None:
 
 
 def test_a_process_that_released_its_weights_gets_those_of_the_source_bitwise():
-    results = run_on_processes(_restore_worker, 3, (1, 2))
+    results = run_on_processes(_restore_worker, 3, (1, 2), ())
 
     source = results[0]["weights"]
     for rank in (0, 1, 2):
@@ -77,14 +79,57 @@ def test_a_process_that_released_its_weights_gets_those_of_the_source_bitwise():
 
 
 def test_processes_that_released_nothing_keep_their_own_weights():
-    results = run_on_processes(_restore_worker, 2, ())
+    results = run_on_processes(_restore_worker, 2, (), ())
 
     assert results[0]["error"] is None and results[1]["error"] is None
     assert not torch.equal(results[1]["weights"]["norm"], results[0]["weights"]["norm"])  # nothing was sent
 
 
 def test_a_source_that_released_its_weights_too_is_an_error_on_every_process():
-    results = run_on_processes(_restore_worker, 2, (0, 1))
+    results = run_on_processes(_restore_worker, 2, (0, 1), ())
 
     for rank in (0, 1):  # both raise: neither waits for a tensor that never comes
         assert "Process 0" in results[rank]["error"] and "released" in results[rank]["error"]
+
+
+def test_processes_that_do_not_want_their_released_weights_back_get_nothing_when_none_does():
+    results = run_on_processes(_restore_worker, 2, (1,), (1,))
+
+    assert results[1]["error"] is None and sorted(results[1]["released"]) == ["embed.weight", "norm"]
+
+
+def test_a_process_that_does_not_want_its_weights_back_still_gets_them_when_another_asks():
+    results = run_on_processes(_restore_worker, 3, (1, 2), (1,))
+
+    source = results[0]["weights"]
+    for rank in (1, 2):  # one broadcast for every process of the group
+        assert results[rank]["error"] is None and results[rank]["released"] == []
+        assert all(torch.equal(results[rank]["weights"][name], source[name]) for name in source)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_master_of_released_weights_is_allocated_for_and_read_from_a_checkpoints_masters(offload):
+    """A process that released the model's weights builds its master from the masters of the checkpoint it resumes
+    from (as after `load_best_model_at_end`): it allocates each tensor at its full shape, and `load_saved` reads it."""
+    model = TiedModel()
+    saved = {
+        name: torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) for name, p in model.named_parameters()
+    }
+    release(dict(model.named_parameters()))
+
+    master = MasterWeights(dict(model.named_parameters()), sigma=0.1, offload=offload)
+    assert master.shapes == {name: tensor.shape for name, tensor in saved.items()}
+    master.load_saved(saved)
+
+    assert all(torch.equal(master.stored(name), saved[name]) for name in saved)
+    assert all(is_released(p) for p in model.parameters())  # the master holds copies, the model still nothing
+
+
+def test_building_a_population_from_released_weights_without_their_saved_masters_is_refused():
+    model = TiedModel()
+    parameters = dict(model.named_parameters())
+    release({"norm": parameters["norm"]})
+
+    with pytest.raises(RuntimeError, match="'norm'.*released on this process.*restore"):
+        check_released_masters_saved(parameters, {"embed.weight": torch.zeros(32, 8)})
+    check_released_masters_saved(parameters, {"norm": torch.zeros(8)})  # its master is in the checkpoint

@@ -90,6 +90,7 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
     # were measured by the first, as the second had no weights to run) and gets it back from the first when asked.
     model = [int((tmp_path / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert model == [total, 0], (model, total)
+    assert [(tmp_path / f"given_back_rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]  # not even for that
     final = load_file(tmp_path / "final.safetensors")
     for rank in (0, 1):
         restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
@@ -142,6 +143,8 @@ def test_a_tensor_parallel_run_loads_its_best_checkpoint_only_where_the_model_is
     total = sum(tensor.numel() for tensor in load_file(tmp_path / "master.safetensors").values())
     trained = [int((tmp_path / f"trained_model_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert trained == [total, 0], (trained, total)
+    # Nor does the population built again from the best checkpoint give them back: it reads the masters from it.
+    assert [(tmp_path / f"given_back_rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
     for rank in (0, 1):
         restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
         assert all(torch.equal(restored[name], best[name]) for name in restored), rank

@@ -12,7 +12,7 @@ the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataPar
 the elements of its evolving weights it holds as `train()` returns, `trained_model_elements_rank<R>`, and at the end,
 `model_elements_rank<R>`; with a tensor-parallel engine,
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
-`restored_rank<R>.safetensors`);
+`restored_rank<R>.safetensors`, and how many times the trainer gave them back before that, `given_back_rank<R>`);
 --save_steps writes checkpoints, and --resume_from continues one (each rank writes whether its model held the
 checkpoint's weights as training began, `loaded_rank<R>`); --load_best evaluates and saves every step and
 loads the best checkpoint at the end (`load_best_model_at_end`). With --vllm_servers URLS the members generate in
@@ -34,9 +34,28 @@ from transformers import TrainerCallback
 
 from trl_es import ESTrainer
 from trl_es.backends.population import evolving_parameters
+from trl_es.core.released_weights import is_released
 from trl_es.testing import digit_fraction, digit_prompts
+from trl_es.trainer import released_model
 from trl_es.trainer.released_model import restore_model_weights
 from trl_es.trainer.vllm_engine import release_vllm_engine
+
+GIVEN_BACK = []  # each time the trainer gave this process back the weights it had released
+
+
+def recording_restore(restore):
+    """`released_weights.restore`, as the trainer calls it, noting in GIVEN_BACK when this process got weights back."""
+
+    def recorded(parameters, *args, **kwargs):
+        released = sum(map(is_released, parameters.values()))
+        restore(parameters, *args, **kwargs)
+        if sum(map(is_released, parameters.values())) < released:
+            GIVEN_BACK.append(1)
+
+    return recorded
+
+
+released_model.restore = recording_restore(released_model.restore)
 
 
 def killing_reward(trainer_box: list, process_group: int):
@@ -176,6 +195,7 @@ def main():
         torch.save(rewards, f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
     if cli.tensor_parallel_size > 1:  # the processes that released the model's weights get them back (collective)
+        Path(cli.output_dir, f"given_back_rank{rank}").write_text(str(len(GIVEN_BACK)))  # until now
         restore_model_weights(trainer)
         weights = {name: p.detach().contiguous() for name, p in evolving_parameters(model).items()}
         save_file(weights, f"{cli.output_dir}/restored_rank{rank}.safetensors")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import tempfile
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from ..core.compensated import CompensatedMasterWeights
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
-from ..core.released_weights import is_released, release
+from ..core.released_weights import full_shape, is_released, release
 from ..core.sharded_master import EngineShards, ShardedMasterWeights
 from ..core.update_shards import UpdateShards
 from .base import PopulationBackend
@@ -124,6 +125,7 @@ def build_population(
             population is built ([`Population.release_model_weights`]): the master then copies them all.
     """
     parameters = evolving_parameters(model)
+    check_released_masters_saved(parameters, resumed.lossy_masters if resumed is not None else {})
     vllm_mode = args.vllm_mode if args.use_vllm else None
     lowrank = args.perturbation == "lowrank"
     share = (vllm_mode is not None or lowrank) and keep_model  # the model only ever holds the centre
@@ -138,7 +140,7 @@ def build_population(
             model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share, device
         )
     elif engine_group is not None:  # a tensor-parallel engine's processes each keep their share of the master
-        shapes = {name: param.shape for name, param in parameters.items()}
+        shapes = {name: full_shape(param) for name, param in parameters.items()}
         shards = EngineShards(engine_group, shapes)
         master = ShardedMasterWeights(
             parameters, args.sigma, shards, share_float32=share, offload=args.offload_master, device=device
@@ -164,6 +166,18 @@ def build_population(
         backend = _server_backend(args, master, parameters, resumed.checkpoint if resumed is not None else None)
     backend.check_consistency(step=0)
     return Population(master, backend, parameters, update_shards)
+
+
+def check_released_masters_saved(parameters: dict[str, torch.nn.Parameter], saved: Mapping[str, torch.Tensor]) -> None:
+    """A master is built from the model's weights, so a released weight's master must come from `saved`, the masters
+    of the checkpoint the run resumes from (read by `load_saved`); refuse one that nothing would give a value."""
+    unsaved = [name for name, param in parameters.items() if is_released(param) and name not in saved]
+    if unsaved:
+        raise RuntimeError(
+            f"The model's weight {unsaved[0]!r} (and {len(unsaved) - 1} more) was released on this process, and no "
+            "resumed checkpoint holds its float32 master to build the population from. Give the weights back first "
+            "(`trl_es.core.released_weights.restore`)."
+        )
 
 
 def direction_optimizer_settings(args) -> DirectionOptimizerSettings:

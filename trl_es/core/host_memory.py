@@ -13,11 +13,16 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from .released_weights import full_shape, is_released
+
 
 def host_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A float32 copy of `tensor` in host memory: page-locked where an accelerator is present, so that copies to it
     run at the link's speed and can overlap the work already queued there."""
-    value = tensor.detach().to("cpu", torch.float32, copy=True)
+    if is_released(tensor):  # no values to copy (see `float32_copy`)
+        value = torch.empty(full_shape(tensor), dtype=torch.float32)
+    else:
+        value = tensor.detach().to("cpu", torch.float32, copy=True)
     return value.pin_memory() if torch.cuda.is_available() else value
 
 

@@ -18,6 +18,7 @@ from .direction_optimizer import STATE_SUFFIXES, DirectionOptimizer
 from .guards import agree_on_non_finite, check_finite_tensors, check_step_fits, check_update_settings
 from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
+from .released_weights import full_shape, is_released
 from .update_shards import UpdateShards
 
 
@@ -63,7 +64,7 @@ class MasterWeights:
                 else float32_copy(param, self.device)
                 for name, param in parameters.items()
             }
-        self.shapes = {name: param.shape for name, param in parameters.items()}
+        self.shapes = {name: full_shape(param) for name, param in parameters.items()}
         self.shared = {name for name, param in parameters.items() if self.stored(name).data_ptr() == param.data_ptr()}
         # The dtype each tensor is written into: an update must stay finite there too, not only in float32.
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
@@ -271,5 +272,9 @@ def is_float32_on(tensor: torch.Tensor, device: torch.device) -> bool:
 
 
 def float32_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A float32 copy of `tensor` on `device` (made there from a tensor on another device, one tensor at a time)."""
+    """A float32 copy of `tensor` on `device` (made there from a tensor on another device, one tensor at a time). A
+    released parameter has no values to copy: its master is only allocated, for `load_saved` to read from a
+    checkpoint."""
+    if is_released(tensor):
+        return torch.empty(full_shape(tensor), dtype=torch.float32, device=device)
     return tensor.detach().to(device=device, dtype=torch.float32, copy=True)

@@ -41,13 +41,16 @@ def released_bytes(parameters: Mapping[str, torch.nn.Parameter]) -> int:
     return sum(getattr(p, RELEASED_SHAPE).numel() * p.element_size() for p in parameters.values() if is_released(p))
 
 
-def restore(parameters: Mapping[str, torch.nn.Parameter], source: int, device: torch.device) -> None:
+def restore(
+    parameters: Mapping[str, torch.nn.Parameter], source: int, device: torch.device, wanted: bool = True
+) -> None:
     """Give back their data to the released `parameters` of every process, from process `source`, which holds every
     one of them. Collective over the default group: every process calls it with the same names in the same order;
-    nothing is sent when no process released any, and a `source` that released some is an error on every process.
-    Each tensor travels on `device` (the accelerator where the group communicates through NCCL), one at a time, as
-    bytes, so the group's backend need not know its dtype."""
-    released = [name for name, parameter in parameters.items() if is_released(parameter)]
+    nothing is sent when no process released any (or none that did wants them: `wanted=False`, for one that reads
+    its values elsewhere; it still receives them if another process asks), and a `source` that released some is an
+    error on every process. Each tensor travels on `device` (the accelerator where the group communicates through
+    NCCL), one at a time, as bytes, so the group's backend need not know its dtype."""
+    released = [name for name, parameter in parameters.items() if wanted and is_released(parameter)]
     by_process = all_gather_objects(released[:3], torch.distributed.get_world_size())  # a few names each
     if not any(by_process):
         return

@@ -19,7 +19,7 @@ from .direction_optimizer import STATE_SUFFIXES
 from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
-from .released_weights import is_released
+from .released_weights import full_shape, is_released
 from .update_shards import UpdateShards, all_gather_objects
 
 
@@ -81,7 +81,7 @@ class ShardedMasterWeights(MasterWeights):
         super().__init__(owned, sigma, share_float32=share_float32, offload=offload, device=device)
         self.shards = shards
         self.parameters = parameters  # the model's, holding the centre where this process keeps the model
-        self.full_shapes = {name: param.shape for name, param in parameters.items()}  # a released one's too
+        self.full_shapes = {name: full_shape(param) for name, param in parameters.items()}  # a released one's too
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
     def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:

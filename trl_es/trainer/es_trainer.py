@@ -464,8 +464,8 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best is not None and Path(best).is_dir():
-            # The best checkpoint's weights were loaded into the model (`load_best_model_weights`): the population
-            # follows it, with that checkpoint's float32 master, as a resume from it would.
+            # The best checkpoint's weights were loaded where the model is kept (`load_best_model_weights`): the
+            # population follows it, with that checkpoint's float32 master, as a resume from it would.
             self._population = None
             self._resumed = resume.ResumedRun.load(
                 best,

@@ -45,12 +45,13 @@ def load_fixed_weights(model, checkpoint: str) -> None:
                 tensor.copy_(files[name])
 
 
-def restore_model_weights(trainer) -> None:
+def restore_model_weights(trainer, wanted: bool = True) -> None:
     """Give the model's weights back to the processes of tensor-parallel engines that released them, from the main
     process (which saves, so it keeps the model holding the centre): before anything that reads or loads them
-    (another population, the Trainer's load of a checkpoint). Collective where the run's
-    engines are tensor-parallel; nothing is sent when no process released its model."""
+    (another population, the Trainer's load of a checkpoint). Collective where the run's engines are tensor-parallel;
+    nothing is sent when no process released its model, or none that did wants it (`wanted=False`: a population
+    that reads every master from a checkpoint)."""
     if engine_group_size(trainer.args) == 1:
         return
     model = trainer.accelerator.unwrap_model(trainer.model)
-    restore(evolving_parameters(model), source=0, device=trainer.args.device)
+    restore(evolving_parameters(model), source=0, device=trainer.args.device, wanted=wanted)

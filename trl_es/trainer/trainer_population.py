@@ -19,7 +19,10 @@ def build_trainer_population(trainer, resumed=None) -> Population:
     state: `resume.ResumedRun`)."""
     args = trainer.args
     model = trainer.accelerator.unwrap_model(trainer.model)
-    restore_model_weights(trainer)  # the model a process released with an earlier population
+    # The model a process released with an earlier population: not where the checkpoint the run resumes from gives
+    # every master (after `load_best_model_at_end`, or a resume), which the population reads instead.
+    reads_masters = resumed is not None and all(name in resumed.lossy_masters for name in evolving_parameters(model))
+    restore_model_weights(trainer, wanted=not reads_masters)
     keep_model = keeps_model(trainer)
     origin = f" (from {resumed.checkpoint})" if resumed else ""
     check_finite_tensors(evolving_parameters(model), f"The model's evolving weights{origin}")
