@@ -8,7 +8,10 @@ file, the written copies of the mapped weights among them) it added since before
 in one run: every process keeps the model (as before 2026-12-06), and the process that saves no checkpoint (rank 1)
 releases it (`Population.release_model_weights`). Then a resume: the process that does not save loads the
 checkpoint's weights into its model first, as the Trainer does (before 2026-12-06), or only reads its share of the
-float32 masters, and reports the most private memory it held. The engine is left out (it is the same in both). The
+float32 masters, and reports the most private memory it held. Then a coverage evaluation's entropies: the process
+that does not save gets the weights back to measure its own completions and releases them again (before 2026-12-06),
+or the process that keeps the model measures everyone's (`entropies_where_held`); each process reports the most
+private memory it held. The engine is left out (it is the same in both). The
 processes give their freed temporaries back to the system at once (`MALLOC_MMAP_THRESHOLD_`): glibc would keep some
 of the update's in its heap, and the measure would be the allocator's:
 
@@ -35,8 +38,11 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from benchmarks.harness import run_on_processes  # noqa: E402
 from trl_es.backends.population import Population, evolving_parameters  # noqa: E402
+from trl_es.core.released_weights import release, restore  # noqa: E402
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
+from trl_es.evaluation.coverage import completion_entropy  # noqa: E402
+from trl_es.evaluation.trainer_coverage import entropies_where_held  # noqa: E402
 
 PROCESSES = 2
 COEFFICIENTS = {1: 0.5, 2: -0.5}
@@ -91,6 +97,35 @@ def resume(rank: int, world: int, folder: str, load: bool, results) -> None:
     results[rank] = max(held)
 
 
+def evaluate(rank: int, world: int, folder: str, give_back: bool, results) -> None:
+    """The entropies of a coverage evaluation's completions (4 prompts per process, 2 completions each) where rank 1
+    released the model: it gets the weights back (`give_back`, as before) and measures its own, or rank 0 measures
+    everyone's. Reports the most private memory each process held at the end of each phase."""
+    from accelerate import PartialState
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    state = PartialState(cpu=True)  # joins the harness's group, for the trainer's gathers
+    before, held = private_gb(), []
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    parameters = evolving_parameters(model)
+    if rank == 1:
+        release(parameters)
+    indices = list(range(rank, 4 * world, world))
+    prompts = [[(7 * index + k) % 1000 for k in range(24)] for index in indices]
+    completions = [[[(11 * index + k) % 1000 for k in range(8)]] * 2 for index in indices]
+    held.append(private_gb() - before)
+    if give_back:
+        restore(parameters, source=0, device=torch.device("cpu"))
+        completion_entropy(model, prompts, completions)
+        held.append(private_gb() - before)
+        if rank == 1:
+            release(parameters)
+    else:
+        entropies_where_held(model, indices, state)(prompts, completions)
+        held.append(private_gb() - before)
+    results[rank] = max(held)
+
+
 def write_checkpoint(folder: str) -> None:
     """A checkpoint of the model in `folder`: its bf16 weights, moved, and their float32 masters."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
@@ -135,8 +170,16 @@ def main():
             held = run_on_processes(resume, PROCESSES, folder, load)[1]
             grown[f"resume_{load}"] = held
             print(f"{label:<44}{held:>30.2f}")
+        print(f"{'a coverage evaluation, the entropies':<44}{'most private memory per process (GB)':>38}")
+        for give_back, label in ((True, "rank 1 gets the weights back"), (False, "rank 0 measures every rank's")):
+            results = run_on_processes(evaluate, PROCESSES, folder, give_back)
+            grown[f"evaluate_{give_back}"] = [results[rank] for rank in range(PROCESSES)]
+            print(f"{label:<44}{', '.join(f'{value:.2f}' for value in grown[f'evaluate_{give_back}']):>38}")
     ratio = grown[True][1] / max(grown[False][1], 1e-9)
     resume_ratio = grown["resume_False"] / max(grown["resume_True"], 1e-9)
+    evaluation_ratio = max(grown["evaluate_False"]) / max(max(grown["evaluate_True"]), 1e-9)
+    print(f"released_model_evaluation_ratio (holders measure / weights given back, the most of any process): "
+          f"{evaluation_ratio:.2f}")  # fmt: skip
     print(f"released_model_resume_ratio (reads its share / loads the weights): {resume_ratio:.2f}")
     print(f"released_model_memory_ratio (releases / keeps, the process that does not save): {ratio:.2f}")
 

@@ -97,7 +97,7 @@ def test_the_resume_memory_benchmark_prints_both_readings_and_their_ratio():
     assert re.search(r"resume_share_memory_ratio \(share / whole.*\): \d+\.\d\d$", lines[-1])
 
 
-def test_the_released_model_memory_benchmark_prints_both_settings_and_both_ratios():
+def test_the_released_model_memory_benchmark_prints_every_setting_and_its_ratios():
     script = REPO / "benchmarks" / "released_model_memory.py"
     run = subprocess.run([sys.executable, str(script), "--hidden", "64", "--layers", "2"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -106,4 +106,6 @@ def test_the_released_model_memory_benchmark_prints_both_settings_and_both_ratio
     assert any(line.startswith("keeps the model") for line in lines)
     assert any(line.startswith("releases the model") for line in lines)
     assert any(re.search(r"released_model_resume_ratio \(reads its share / loads.*\): \d+\.\d\d$", x) for x in lines)
+    assert any(line.startswith("rank 0 measures every rank's") for line in lines)
+    assert any(re.search(r"released_model_evaluation_ratio \(holders measure.*\): \d+\.\d\d$", x) for x in lines)
     assert re.search(r"released_model_memory_ratio \(releases / keeps.*\): \d+\.\d\d$", lines[-1])
