@@ -131,6 +131,15 @@ def test_two_processes_with_a_server_each_end_bitwise_as_one_process_with_one(
     assert run.returncode == 0, run.stderr[-3000:]
     assert (output_dir / "num_processes").read_text() == "2"
     assert_same_weights(one_server_run, load_file(output_dir / "master.safetensors"))
+    # The servers evaluate the members from the master: only the process that saves keeps the trainer's model, and
+    # the other gets its final weights back from it when asked.
+    total = sum(tensor.numel() for tensor in one_server_run.values())
+    assert [int((output_dir / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)] == [total, 0]
+    assert [(output_dir / f"given_back_rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
+    final = load_file(output_dir / "final.safetensors")
+    for rank in (0, 1):
+        restored = load_file(output_dir / f"restored_rank{rank}.safetensors")
+        assert restored.keys() == final.keys() and all(torch.equal(restored[k], final[k]) for k in final)
 
 
 def test_a_server_killed_mid_step_is_an_error_naming_it_and_the_run_resumes_bitwise(
@@ -149,6 +158,8 @@ def test_a_server_killed_mid_step_is_an_error_naming_it_and_the_run_resumes_bitw
     resumed = launch(2, tiny_model_path, output_dir, *common, "--resume_from", output_dir / "checkpoint-1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(one_server_run, load_file(output_dir / "master.safetensors"))
+    # The process that releases the model reads its master from the checkpoint's files instead of loading them.
+    assert [(output_dir / f"loaded_rank{rank}").read_text() for rank in (0, 1)] == ["True", "False"]
 
 
 def test_rows_spread_over_two_servers_are_what_each_member_generates_alone(tiny_model_path, running, secret_file):

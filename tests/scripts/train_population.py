@@ -10,7 +10,7 @@ that rank's model is nudged before training, which the check at the start must c
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`; every rank also writes
 the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it, and
 the elements of its evolving weights it holds as `train()` returns, `trained_model_elements_rank<R>`, and at the end,
-`model_elements_rank<R>`; with a tensor-parallel engine,
+`model_elements_rank<R>`; with a tensor-parallel engine or servers,
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
 `restored_rank<R>.safetensors`, and how many times the trainer gave them back before that, `given_back_rank<R>`);
 --save_steps writes checkpoints, and --resume_from continues one (each rank writes whether its model held the
@@ -37,7 +37,7 @@ from trl_es.backends.population import evolving_parameters
 from trl_es.core.released_weights import is_released
 from trl_es.testing import digit_fraction, digit_prompts
 from trl_es.trainer import released_model
-from trl_es.trainer.released_model import restore_model_weights
+from trl_es.trainer.released_model import releases_model, restore_model_weights
 from trl_es.trainer.vllm_engine import release_vllm_engine
 
 GIVEN_BACK = []  # each time the trainer gave this process back the weights it had released
@@ -194,7 +194,7 @@ def main():
         save_file({name: t.contiguous() for name, t in master.items()}, f"{cli.output_dir}/master.safetensors")
         torch.save(rewards, f"{cli.output_dir}/rewards.pt")
         Path(cli.output_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
-    if cli.tensor_parallel_size > 1:  # the processes that released the model's weights get them back (collective)
+    if releases_model(trainer.args):  # the processes that released the model's weights get them back (collective)
         Path(cli.output_dir, f"given_back_rank{rank}").write_text(str(len(GIVEN_BACK)))  # until now
         restore_model_weights(trainer)
         weights = {name: p.detach().contiguous() for name, p in evolving_parameters(model).items()}

@@ -1,7 +1,9 @@
-"""The trainer's model on the processes of a tensor-parallel colocated engine that save no checkpoint (issue 29).
+"""The trainer's model on the processes that save no checkpoint, where vLLM engines they do not hold in the trainer's
+model evaluate the members: a tensor-parallel colocated engine's, or `trl-es vllm-serve` servers (issue 29).
 
-Those processes need none of it: each keeps its share of the float32 master, the engine gets every member and the
-centre from the owners of the shares, and checkpoints are written by the processes that save. So they release the
+Those processes need none of it: a tensor-parallel engine gets every member and the centre from the owners of the
+master's shares, a server regenerates them itself, and checkpoints are written by the processes that save. So they
+release the
 model's evolving weights once the population is built (`core/released_weights.py`), neither a resume nor
 `load_best_model_at_end` loads a checkpoint's weights into their model, and the weights come back from the main process
 before anything that reads or loads them.
@@ -12,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from ..backends.population import evolving_parameters
-from ..compat.trl import colocated_engine_group
 from ..core.checkpoint import model_weight_files
 from ..core.released_weights import restore
 from ..core.tensor_files import TensorFiles
@@ -20,10 +21,15 @@ from .config_checks import engine_group_size
 from .resume import holds_every_master
 
 
+def releases_model(args) -> bool:
+    """Whether the processes that save no checkpoint let go of the model's weights: where the members are evaluated
+    by a tensor-parallel colocated engine or by servers, from the master alone. The same on every process."""
+    return args.use_vllm and (args.vllm_mode == "server" or engine_group_size(args) > 1) and args.world_size > 1
+
+
 def keeps_model(trainer) -> bool:
-    """Whether this process keeps the model's weights while it trains: a process of a tensor-parallel engine that
-    saves no checkpoint lets go of them."""
-    return colocated_engine_group(trainer) is None or trainer.args.should_save
+    """Whether this process keeps the model's weights while it trains."""
+    return not releases_model(trainer.args) or trainer.args.should_save
 
 
 def loads_checkpoint_weights(trainer, checkpoint: str) -> bool:
@@ -46,12 +52,12 @@ def load_fixed_weights(model, checkpoint: str) -> None:
 
 
 def restore_model_weights(trainer, wanted: bool = True) -> None:
-    """Give the model's weights back to the processes of tensor-parallel engines that released them, from the main
-    process (which saves, so it keeps the model holding the centre): before anything that reads or loads them
-    (another population, the Trainer's load of a checkpoint). Collective where the run's engines are tensor-parallel;
-    nothing is sent when no process released its model, or none that did wants it (`wanted=False`: a population
-    that reads every master from a checkpoint)."""
-    if engine_group_size(trainer.args) == 1:
+    """Give the model's weights back to the processes that released them, from the main process (which saves, so it
+    keeps the model holding the centre): before anything that reads or loads them (another population, the Trainer's
+    load of a checkpoint). Collective where processes release their model (`releases_model`); nothing is sent when
+    no process released it, or none that did wants it (`wanted=False`: a population that reads every master from a
+    checkpoint)."""
+    if not releases_model(trainer.args):
         return
     model = trainer.accelerator.unwrap_model(trainer.model)
     restore(evolving_parameters(model), source=0, device=trainer.args.device, wanted=wanted)
