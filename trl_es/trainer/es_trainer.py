@@ -12,6 +12,7 @@ ESTrainer's API reference page, which is most of the file's length.)
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -70,7 +71,7 @@ from .kl_probe import KLProbe
 from .noise_scale import NoiseScale
 from .output_lock import hold_output_dir
 from .preemption import stop_on_preemption
-from .released_model import load_fixed_weights, loads_checkpoint_weights, restore_model_weights
+from .released_model import load_checkpoint_into_model, loads_checkpoint_weights, restore_model_weights
 from .reward_checks import checked_reward_function
 from .rollouts import context_length, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
@@ -479,16 +480,10 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         return output._replace(training_loss=output.metrics.get("train_loss"))
 
     def load_best_model_weights(self) -> None:
-        """As the Trainer loads the best checkpoint's weights at the end of training, except in a process of a
-        tensor-parallel engine that saves no checkpoint: as on resume (`load_checkpoint_weights`), there only the
-        weights that do not evolve, where the checkpoint's files hold every evolving one's float32 master."""
+        """As the Trainer loads the best checkpoint's weights at the end of training, except in a process that keeps
+        no model: as on resume (`load_checkpoint_weights`)."""
         best = self.state.best_model_checkpoint
-        if not loads_checkpoint_weights(self, best):
-            load_fixed_weights(self.accelerator.unwrap_model(self.model), best)
-            return
-        if not resume.holds_every_master(best, self._evolving_parameters()):  # the same on every process
-            restore_model_weights(self)  # every process loads the weights: those that released them get them back
-        super().load_best_model_weights()
+        load_checkpoint_into_model(self, best, super().load_best_model_weights)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """As [`~transformers.Trainer.save_model`] (also how every checkpoint writes its weights), but weights holding
@@ -508,13 +503,11 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             resume.save_run_state(output_dir, self._population, self._reference, metadata, self.args.should_save)
 
     def load_checkpoint_weights(self, checkpoint: str, model=None) -> None:
-        """As the Trainer loads a checkpoint's weights on resume, except in a process of a tensor-parallel engine that
-        saves no checkpoint (it releases the model): there only the weights that do not evolve, where the checkpoint's
-        files hold every evolving one's float32 master (its population reads its share of them)."""
-        if loads_checkpoint_weights(self, checkpoint):
-            super().load_checkpoint_weights(checkpoint, model)
-        else:
-            load_fixed_weights(self.accelerator.unwrap_model(model or self.model), checkpoint)
+        """As the Trainer loads a checkpoint's weights on resume, except in a process that keeps no model (it releases
+        it): there only the weights that do not evolve, where the checkpoint's files hold every evolving one's float32
+        master (its population reads its share of them)."""
+        trainer_load = functools.partial(super().load_checkpoint_weights, checkpoint, model)
+        load_checkpoint_into_model(self, checkpoint, trainer_load, model)
 
     def load_extra_state(self, checkpoint: str) -> None:
         resumed = resume.ResumedRun.load(

@@ -3,13 +3,14 @@ model evaluate the members: a tensor-parallel colocated engine's, or `trl-es vll
 
 Those processes need none of it: a tensor-parallel engine gets every member and the centre from the owners of the
 master's shares, a server regenerates them itself, and checkpoints are written by the processes that save. So they
-release the
-model's evolving weights once the population is built (`core/released_weights.py`), neither a resume nor
-`load_best_model_at_end` loads a checkpoint's weights into their model, and the weights come back from the main process
-before anything that reads or loads them.
+release the model's evolving weights once the population is built (`core/released_weights.py`), neither a resume nor
+`load_best_model_at_end` loads a checkpoint's weights into their model, and the weights come back from the main
+process before anything that reads or loads them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +40,20 @@ def loads_checkpoint_weights(trainer, checkpoint: str) -> bool:
     the model, held until they are released)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     return keeps_model(trainer) or not holds_every_master(checkpoint, evolving_parameters(model))
+
+
+def load_checkpoint_into_model(trainer, checkpoint: str, trainer_load: Callable[[], None], model=None) -> None:
+    """Load `checkpoint`'s weights into the model (a resume's, or `load_best_model_at_end`'s best one) with
+    `trainer_load` (the Trainer's own load) where [`loads_checkpoint_weights`]; elsewhere only the weights that do not
+    evolve. Where every process loads them, those that released the weights get them back first (collective; the
+    checkpoint's files decide it the same on every process)."""
+    model = trainer.accelerator.unwrap_model(model or trainer.model)
+    if not loads_checkpoint_weights(trainer, checkpoint):
+        load_fixed_weights(model, checkpoint)
+        return
+    if releases_model(trainer.args) and not holds_every_master(checkpoint, evolving_parameters(model)):
+        restore_model_weights(trainer)
+    trainer_load()
 
 
 def load_fixed_weights(model, checkpoint: str) -> None:
