@@ -6,7 +6,7 @@ until written). Each applies two updates through `Population.apply_update`, whic
 weights it keeps, and reports how much private memory (`Anonymous` in `/proc/self/smaps_rollup`: the pages of no
 file, the written copies of the mapped weights among them) it added since before the model was loaded. Side by side
 in one run: every process keeps the model (as before 2026-12-06), and the process that saves no checkpoint (rank 1)
-releases it (`Population.release_model_weights`). Then a resume: the process that does not save loads the
+releases it (`release_model_weights`). Then a resume: the process that does not save loads the
 checkpoint's weights into its model first, as the Trainer does (before 2026-12-06), or only reads its share of the
 float32 masters, and reports the most private memory it held. Then a coverage evaluation's entropies: the process
 that does not save gets the weights back to measure its own completions and releases them again (before 2026-12-06),
@@ -37,7 +37,7 @@ import transformers  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from benchmarks.harness import run_on_processes  # noqa: E402
-from trl_es.backends.population import Population, evolving_parameters  # noqa: E402
+from trl_es.backends.population import Population, evolving_parameters, release_model_weights  # noqa: E402
 from trl_es.core.released_weights import release, restore  # noqa: E402
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
@@ -70,7 +70,7 @@ def train(rank: int, world: int, folder: str, release: bool, results) -> None:
     master = ShardedMasterWeights(parameters, 0.01, shards, share_float32=keeps_model)
     population = Population(master, NoEngine(), parameters)
     if not keeps_model:
-        population.release_model_weights()
+        release_model_weights(master, parameters)
     for _ in range(2):
         population.apply_update(COEFFICIENTS, lr=1e-3, weight_decay=0.0)
     results[rank] = private_gb() - before
@@ -92,7 +92,7 @@ def resume(rank: int, world: int, folder: str, load: bool, results) -> None:
     master.load_saved(TensorFiles([checkpoint / "es_state" / "master.safetensors"]))  # its share of the masters
     held.append(private_gb() - before)
     if rank == 1:
-        Population(master, NoEngine(), parameters).release_model_weights()
+        release_model_weights(master, parameters)
     held.append(private_gb() - before)
     results[rank] = max(held)
 

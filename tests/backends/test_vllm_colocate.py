@@ -4,6 +4,8 @@ vLLM cannot create a second in-process (external launcher) engine in one process
 trainer of the `colocate_run` fixture.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -16,10 +18,12 @@ from scripts.ragged_rows import MEMBER_0, MEMBER_1, generated_alone, ragged_rows
 
 from trl_es import ESTrainer  # noqa: E402
 from trl_es.backends.base import RowRequest  # noqa: E402
+from trl_es.backends.population import evolving_parameters  # noqa: E402
 from trl_es.backends.vllm_colocate import VLLMColocateBackend  # noqa: E402
 from trl_es.core.consistency import layout_free_stats, stats_agree  # noqa: E402
 from trl_es.core.master import master_device  # noqa: E402
 from trl_es.core.noise import Member  # noqa: E402
+from trl_es.core.released_weights import release  # noqa: E402
 from trl_es.evaluation.coverage import BackendSampler  # noqa: E402
 from trl_es.testing import digit_fraction, digit_prompts  # noqa: E402
 from trl_es.trainer.callbacks import sampler_for  # noqa: E402
@@ -173,6 +177,29 @@ def test_a_tensor_parallel_engine_written_after_its_check_fails_at_the_next_load
             parameter.view(-1)[0] = first
         backend.load_center()
     backend.check_consistency(step=trainer.state.global_step)  # the trainer's engine holds the centre again
+
+
+def test_a_process_that_released_the_model_checks_its_engine_against_the_master(colocate_run):
+    """A process that saves no checkpoint releases the model's evolving weights; its engine's check reads the master
+    in their place (and the model's weights that do not evolve), and still catches an engine that was written to."""
+    trainer, _ = colocate_run
+    backend = trainer.population.backend
+    released = copy.deepcopy(trainer.model)
+    release(evolving_parameters(released))
+    assert sum(p.numel() for p in evolving_parameters(released).values()) == 0
+    checked = VLLMColocateBackend(backend.llm, backend.master, reference_model=released)
+    checked.check_consistency(step=3)
+    parameter = next(iter(checked.engine_model.parameters()))
+    first = parameter.view(-1)[0].item()
+    try:
+        with torch.no_grad():
+            parameter.view(-1)[0] += 1.0
+        with pytest.raises(RuntimeError, match="At step 4 the vLLM engine's weights disagree"):
+            checked.check_consistency(step=4)
+    finally:
+        with torch.no_grad():
+            parameter.view(-1)[0] = first
+    checked.check_consistency(step=5)
 
 
 def test_colocate_rows_of_any_member_with_one_prompt_and_seed_share_their_random_numbers(colocate_run):

@@ -50,17 +50,49 @@ def assert_same_run(one: Path, other: Path, files=("master.safetensors", "final.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["transformers", "vllm_colocate"])
-def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, backend, one_process_runs):
-    if backend == "vllm_colocate":
-        needs_vllm()
-    two = launch(2, tiny_model_path, tmp_path / "two", *BACKEND_FLAGS[backend])
+def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, one_process_runs):
+    two = launch(2, tiny_model_path, tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
     assert (tmp_path / "two" / "num_processes").read_text() == "2"
-    assert_same_run(one_process_runs(backend), tmp_path / "two")
+    assert_same_run(one_process_runs("transformers"), tmp_path / "two")
     # No DDP: it would hold a gradient buffer the size of the evolving parameters that ES never fills.
     wrapped = {(tmp_path / "two" / f"wrapped_rank{rank}").read_text() for rank in range(2)}
     assert wrapped == {"Qwen2ForCausalLM"}
+
+
+@pytest.mark.slow
+def test_two_processes_with_an_engine_each_keep_one_model_and_end_and_resume_bitwise_as_one_process(
+    tmp_path, tiny_model_path, one_process_runs
+):
+    """One colocated vLLM engine per process, a bf16 model: each process keeps the whole float32 master and writes
+    every member into its own engine from it, so only the process that saves keeps the model's weights (the other
+    gets them back from it when asked; coverage's entropies are measured by the first). The run, and its resume, in
+    which the second process reads its master from the checkpoint and writes the centre into its engine from it, end
+    bitwise as one process."""
+    needs_vllm()
+    settings = ["--dtype", "bfloat16", "--es_optimizer", "adam"]  # the one-process run the tensor-parallel test reads
+    flags = ["--use_vllm", "--save_steps", 2, *settings]
+    two = launch(2, tiny_model_path, tmp_path, *flags, "--evaluate")
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = one_process_runs("vllm_colocate", *settings)
+    assert_same_run(one, tmp_path)
+    evaluation = json.loads((tmp_path / "eval.json").read_text())
+    assert 0 <= evaluation["eval_reward"] <= 1 and evaluation["eval_entropy"] > 0
+    total = sum(tensor.numel() for tensor in load_file(one / "master.safetensors").values())
+    assert [int((tmp_path / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)] == [total, total]
+    model = [int((tmp_path / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)]
+    assert model == [total, 0], (model, total)
+    assert [(tmp_path / f"given_back_rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
+    final = load_file(tmp_path / "final.safetensors")
+    for rank in (0, 1):
+        restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
+        assert restored.keys() == final.keys() and all(torch.equal(restored[k], final[k]) for k in final)
+
+    shutil.rmtree(tmp_path / "checkpoint-3")
+    resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [(tmp_path / f"loaded_rank{rank}").read_text() for rank in (0, 1)] == ["True", "False"]
+    assert_same_run(one, tmp_path)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ that rank's model is nudged before training, which the check at the start must c
 rank writes how many elements of the optimizer state it holds (`optimizer_elements_rank<R>`; every rank also writes
 the class of the model the Trainer trains, `wrapped_rank<R>`: DistributedDataParallel where Accelerate wrapped it, and
 the elements of its evolving weights it holds as `train()` returns, `trained_model_elements_rank<R>`, and at the end,
-`model_elements_rank<R>`; with a tensor-parallel engine or servers,
+`model_elements_rank<R>`; where processes release the model (vLLM engines or servers, several processes),
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
 `restored_rank<R>.safetensors`, and how many times the trainer gave them back before that, `given_back_rank<R>`);
 --save_steps writes checkpoints, and --resume_from continues one (each rank writes whether its model held the
@@ -154,7 +154,7 @@ def main():
         model_init_kwargs={"dtype": cli.dtype},
         **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
         **(BEST if cli.load_best else {}),
-        **({"eval_ks": [2]} if cli.evaluate else {}),  # coverage: its entropies run the model on every process
+        **({"eval_ks": [2]} if cli.evaluate else {}),  # coverage: its entropies run the model where it is held
         **MOVING,
     )
     trainer_box = []

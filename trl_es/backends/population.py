@@ -66,17 +66,6 @@ class Population:
         self.backend.after_update(coefficients, lr=lr, weight_decay=weight_decay)
         return update_norm
 
-    def release_model_weights(self) -> None:
-        """Let go of the model's evolving weights in this process (`core.released_weights`): a process of a
-        tensor-parallel engine that saves no checkpoint needs none of them. Only valid with a master that shares no
-        storage with them (built with `keep_model=False`)."""
-        if self.master.shared:
-            raise RuntimeError(
-                f"The master is stored in the model's weights {sorted(self.master.shared)[:3]}, so they cannot be "
-                "released: build the population with keep_model=False."
-            )
-        release(self.parameters)
-
 
 @contextmanager
 def engine_setup(args):
@@ -121,8 +110,10 @@ def build_population(
             colocated engine.
         device (`torch.device`, *optional*): Where the master lives and the update is computed: by default the
             model's device; the accelerator for a model kept in host memory.
-        keep_model (`bool`, *optional*, defaults to `True`): `False` where the model's weights are released once the
-            population is built ([`Population.release_model_weights`]): the master then copies them all.
+        keep_model (`bool`, *optional*, defaults to `True`): `False` to release the model's evolving weights as soon
+            as the master holds them ([`release_model_weights`]), before the backend is built: the master then copies
+            them all, and nothing reads them again (a resume that read the masters from a checkpoint did not load
+            the model's).
     """
     parameters = evolving_parameters(model)
     check_released_masters_saved(parameters, resumed.lossy_masters if resumed is not None else {})
@@ -153,6 +144,8 @@ def build_population(
     if resumed is not None:
         master.load_saved(resumed.lossy_masters)  # read for the tensors this process keeps only
         master.restore_optimizer(resumed.optimizer_state, resumed.metadata, update_shards)
+    if not keep_model:
+        release_model_weights(master, parameters)
 
     if vllm_mode is None and lowrank:
         backend = HFLowRankBackend(
@@ -161,11 +154,23 @@ def build_population(
     elif vllm_mode is None:
         backend = HFBackend(model, parameters, master, tokens, args.pad_to_multiple_of)
     elif vllm_mode == "colocate":
-        backend = _colocate_backend(llm, master, model, lowrank, engine_group)
+        backend = _colocate_backend(llm, master, model, parameters, lowrank, engine_group, keep_model)
     else:
         backend = _server_backend(args, master, parameters, resumed.checkpoint if resumed is not None else None)
     backend.check_consistency(step=0)
     return Population(master, backend, parameters, update_shards)
+
+
+def release_model_weights(master: MasterWeights, parameters: dict[str, torch.nn.Parameter]) -> None:
+    """Let go of the model's evolving weights `parameters` in this process (`core.released_weights`) once `master`
+    holds them: where vLLM engines evaluate the members, a process that saves no checkpoint needs none of them. Only
+    valid with a master that shares no storage with them (built with `keep_model=False`)."""
+    if master.shared:
+        raise RuntimeError(
+            f"The master is stored in the model's weights {sorted(master.shared)[:3]}, so they cannot be released: "
+            "build the population with keep_model=False."
+        )
+    release(parameters)
 
 
 def check_released_masters_saved(parameters: dict[str, torch.nn.Parameter], saved: Mapping[str, torch.Tensor]) -> None:
@@ -198,7 +203,7 @@ def evolving_parameters(model) -> dict[str, torch.nn.Parameter]:
     return parameters
 
 
-def _colocate_backend(llm, master, model, lowrank: bool, engine_group=None):
+def _colocate_backend(llm, master, model, evolving, lowrank: bool, engine_group=None, keep_model: bool = True):
     from .vllm_colocate import VLLMColocateBackend
     from .vllm_lora import VLLMLoRAPopulationBackend
 
@@ -206,13 +211,14 @@ def _colocate_backend(llm, master, model, lowrank: bool, engine_group=None):
         backend = VLLMLoRAPopulationBackend(llm, master, tempfile.mkdtemp(prefix="trl-es-lora-"), model)
     else:
         backend = VLLMColocateBackend(llm, master, model, engine_group)
-    # The engine loaded the checkpoint from disk; the run starts from the trainer's weights. The processes of a
-    # tensor-parallel engine write the same ones: the master's, from the owners of its shares (a process that keeps
-    # no model may not have loaded a resumed checkpoint's weights into it), and the model's weights that do not evolve.
-    if engine_group is None:
+    # The engine loaded the checkpoint from disk; the run starts from the trainer's weights: the model's, where this
+    # process keeps it alone; else the master's and the model's weights that do not evolve. A process that keeps no
+    # model may not have loaded a resumed checkpoint's weights into it (or released them already), and the processes
+    # of a tensor-parallel engine write the same ones, the master's, from the owners of its shares.
+    if engine_group is None and keep_model:
         backend.load_weights(model.named_parameters())
     else:
-        fixed = ((name, p) for name, p in model.named_parameters() if name not in master.full_shapes)
+        fixed = ((name, p) for name, p in model.named_parameters() if name not in evolving)
         backend.load_weights(itertools.chain(master.centre(), fixed))
     return backend
 

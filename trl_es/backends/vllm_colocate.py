@@ -14,7 +14,7 @@ rows of one member (several completions of a prompt, a shared system prompt) sti
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -22,6 +22,7 @@ from ..compat.vllm import engine_model
 from ..core.consistency import engine_fingerprint, layout_free_stats, stats_agree
 from ..core.master import MasterWeights
 from ..core.noise import Member
+from ..core.released_weights import is_released
 from .base import OneMemberAtATime
 from .sampling import SamplingSettings, row_seeds
 
@@ -33,8 +34,8 @@ class VLLMColocateBackend(OneMemberAtATime):
     Args:
         llm (`vllm.LLM`): The engine, created with `distributed_executor_backend="external_launcher"`.
         master ([`MasterWeights`]): The float32 source of truth.
-        reference_model (`torch.nn.Module`, *optional*): The trainer's model (holding the centre), which
-            `check_consistency` compares with the engine.
+        reference_model (`torch.nn.Module`, *optional*): The trainer's model (holding the centre, or having released
+            its evolving weights: the master's stand for them), which `check_consistency` compares with the engine.
         engine_group (`torch.distributed.ProcessGroup`, *optional*): The processes that share a tensor-parallel
             engine; each holds a shard of it, and they load the same members together.
     """
@@ -118,13 +119,21 @@ class VLLMColocateBackend(OneMemberAtATime):
         if self.reference_model is None:
             return
         engine = layout_free_stats(p for _, p in self.engine_model.named_parameters())
-        expected = layout_free_stats((p for _, p in self.reference_model.named_parameters()), dtype=self.dtype)
+        expected = layout_free_stats(self._centre_weights(), dtype=self.dtype)
         if not stats_agree(engine, expected):
             raise RuntimeError(
                 f"At step {step} the vLLM engine's weights disagree with the trainer's (sum, sum of squares: engine "
                 f"{engine}, trainer {expected}). Generation no longer uses the weights being trained; please report "
                 "this with your vLLM version and model."
             )
+
+    def _centre_weights(self) -> Iterator[torch.Tensor]:
+        """The weights the engine holds at the centre: the reference model's, with the master's in place of those
+        this process released (`core.released_weights`: a process that saves no checkpoint keeps no model)."""
+        parameters = dict(self.reference_model.named_parameters())
+        released = {name for name, parameter in parameters.items() if is_released(parameter)}
+        yield from (parameter for name, parameter in parameters.items() if name not in released)
+        yield from (tensor for name, tensor in self.master.centre() if name in released)
 
     def _check_shards_unchanged(self, step: int, fingerprint: dict[str, object]) -> None:
         """The layout-free sums do not add up over tensor-parallel shards (a model with fewer KV heads than ranks

@@ -1,11 +1,11 @@
 """Model weights a process lets go of, and gets back from another process when it needs them (issue 29).
 
-The processes of a tensor-parallel engine that save no checkpoint need none of the trainer's model: their master
-share is theirs, and the engine gets every member from the owners. Holding the model there would cost one copy per
-process (1.1 TB on a node of 8 for a bf16 70B). A released parameter keeps its `Parameter` object (an optimizer, a
-tied weight and the population hold that), its dtype and device, but its data is an empty tensor, as DeepSpeed
-ZeRO-3 leaves the parameters a process does not hold: anything that computes with it fails on its shape instead of
-reading stale values. Its shape is kept on the parameter, where [`restore`] finds it.
+The processes that save no checkpoint, where vLLM engines evaluate the members, need none of the trainer's model:
+the engines get every member from the master (`trainer/released_model.py`). Holding the model there would cost one
+copy per process (1.1 TB on a node of 8 for a bf16 70B). A released parameter keeps its `Parameter` object (an
+optimizer, a tied weight and the population hold that), its dtype and device, but its data is an empty tensor, as
+DeepSpeed ZeRO-3 leaves the parameters a process does not hold: anything that computes with it fails on its shape
+instead of reading stale values. Its shape is kept on the parameter, where [`restore`] finds it.
 """
 
 from __future__ import annotations

@@ -118,11 +118,11 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
     a step that would make the weights non-finite stops training with a `NonFiniteError` naming the step, the cause
     and the last good checkpoint, before anything is applied; no NaN is ever saved.
 
-    With `vllm_tensor_parallel_size > 1` in colocate mode, and in server mode, only a process that saves checkpoints
-    keeps the weights of `trainer.model`: the others hold empty evolving parameters, as DeepSpeed ZeRO-3 leaves the
-    ones a process does not own, and get them back from the main process whenever the trainer loads into them or
-    builds a population from them; coverage evaluation measures its entropies where the weights are held (see
-    "Distributed training").
+    With several processes generating with vLLM (colocated engines or servers, and a full-rank float32 master), only
+    a process that saves checkpoints keeps the weights of `trainer.model`: the others hold empty evolving parameters,
+    as DeepSpeed ZeRO-3 leaves the ones a process does not own, and get them back from the main process whenever the
+    trainer loads into them or builds a population from them; coverage evaluation measures its entropies where the
+    weights are held (see "Distributed training").
 
     One run at a time trains in an `output_dir`: `train` refuses a folder another live run holds, naming it. A
     scheduler's SIGTERM (or SLURM's early SIGUSR1) ends training after the current step with a checkpoint that

@@ -1,11 +1,12 @@
-"""The trainer's model on the processes that save no checkpoint, where vLLM engines they do not hold in the trainer's
-model evaluate the members: a tensor-parallel colocated engine's, or `trl-es vllm-serve` servers (issue 29).
+"""The trainer's model on the processes that save no checkpoint, where vLLM engines evaluate the members from the
+master alone: colocated engines (one per process, or one shared by a tensor-parallel group) or `trl-es vllm-serve`
+servers (issue 29).
 
-Those processes need none of it: a tensor-parallel engine gets every member and the centre from the owners of the
-master's shares, a server regenerates them itself, and checkpoints are written by the processes that save. So they
-release the model's evolving weights once the population is built (`core/released_weights.py`), neither a resume nor
-`load_best_model_at_end` loads a checkpoint's weights into their model, and the weights come back from the main
-process before anything that reads or loads them.
+Those processes need none of it: a colocated engine gets every member and the centre from the master (from the owners
+of its shares, with tensor parallelism), a server regenerates them itself, and checkpoints are written by the
+processes that save. So they release the model's evolving weights once the population is built
+(`core/released_weights.py`), neither a resume nor `load_best_model_at_end` loads a checkpoint's weights into their
+model, and the weights come back from the main process before anything that reads or loads them.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from ..backends.population import evolving_parameters
 from ..core.checkpoint import model_weight_files
 from ..core.released_weights import restore
 from ..core.tensor_files import TensorFiles
-from .config_checks import engine_group_size
 from .resume import holds_every_master
 
 
 def releases_model(args) -> bool:
-    """Whether the processes that save no checkpoint let go of the model's weights: where the members are evaluated
-    by a tensor-parallel colocated engine or by servers, from the master alone. The same on every process."""
-    return args.use_vllm and (args.vllm_mode == "server" or engine_group_size(args) > 1) and args.world_size > 1
+    """Whether the processes that save no checkpoint let go of the model's weights: where vLLM engines evaluate the
+    members from a full-rank float32 master, with several processes. The same on every process. A low-rank master
+    and the compensated one hold (part of) the model as their own, so releasing it would save nothing; servers take
+    neither."""
+    engines_evaluate = args.use_vllm and args.perturbation == "full" and args.master_dtype == "float32"
+    return engines_evaluate and args.world_size > 1
 
 
 def keeps_model(trainer) -> bool:

@@ -1,7 +1,7 @@
 """The population an ESTrainer evolves, built from its model when the run first needs it: the model's evolving weights
-checked, a model kept in host memory moved there, the master and the backend (`build_population`), the processes'
-masters compared before the first member is drawn, and the model released where a process keeps none
-(`released_model.py`)."""
+checked, a model kept in host memory moved there, the master, the model's weights released where a process keeps none
+(`released_model.py`), and the backend (`build_population`); then the processes' masters are compared before the first
+member is drawn."""
 
 from __future__ import annotations
 
@@ -40,13 +40,11 @@ def build_trainer_population(trainer, resumed=None) -> Population:
         update_shards=update_shards(trainer.accelerator, args),
         engine_group=colocated_engine_group(trainer),
         device=args.device if args.model_in_host_memory else None,  # else the model's
+        # The engines get every member from the master (a server from seeds), and checkpoints are written by the
+        # processes that save: the model here would be one more copy of it per process, in host memory.
         keep_model=keep_model,
     )
     check_ranks_agree(trainer.accelerator, population.master, step=0)  # no DDP broadcast evens them
-    if not keep_model:
-        # The engine gets every member from the owners of the master's shares, and checkpoints are written by the
-        # processes that save: the model here would be one more copy of it per process, in host memory.
-        population.release_model_weights()
     return population
 
 
