@@ -122,7 +122,7 @@ def pool_settings(urls: str, secret_file: str) -> dict:
                 per_device_train_batch_size=8, max_completion_length=8, max_steps=3, **MOVING)  # fmt: skip
 
 
-def test_two_processes_with_a_server_each_end_bitwise_as_one_process_with_one(
+def test_two_processes_with_a_server_each_split_the_master_keep_one_model_and_end_bitwise_as_one_process_with_one(
     tiny_model_path, running, secret_file, checkpoint_root, one_server_run
 ):
     output_dir = checkpoint_root / "two-processes"
@@ -135,6 +135,9 @@ def test_two_processes_with_a_server_each_end_bitwise_as_one_process_with_one(
     # the other gets its final weights back from it when asked.
     total = sum(tensor.numel() for tensor in one_server_run.values())
     assert [int((output_dir / f"model_elements_rank{rank}").read_text()) for rank in (0, 1)] == [total, 0]
+    # The servers keep masters of their own: the training processes split theirs, each tensor's on one of them.
+    held = [int((output_dir / f"master_elements_rank{rank}").read_text()) for rank in (0, 1)]
+    assert sum(held) == total and max(held) < 0.6 * total, (held, total)
     assert [(output_dir / f"given_back_rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
     final = load_file(output_dir / "final.safetensors")
     for rank in (0, 1):

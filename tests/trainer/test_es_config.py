@@ -1,11 +1,14 @@
 import dataclasses
 import warnings
+from types import SimpleNamespace
 
 import pytest
 from trl import GRPOConfig
 
 from trl_es import ESConfig
+from trl_es.trainer.config_checks import splits_master
 from trl_es.trainer.grpo_conversion import GRPO_ONLY_FIELDS
+from trl_es.trainer.released_model import releases_model
 
 
 def test_es_defaults_follow_the_anchor_paper(tmp_path):
@@ -232,6 +235,29 @@ def test_a_tensor_parallel_colocated_engine_needs_whole_groups_of_processes_and_
         ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2,
                  master_dtype="compensated_bfloat16")  # fmt: skip
     assert ESConfig(str(tmp_path), use_vllm=True, vllm_mode="colocate").vllm_tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize(
+    "settings, world_size, releases, splits",
+    [
+        ({}, 2, False, False),  # model.generate runs the trainer's model on every process
+        ({"use_vllm": True}, 1, False, False),
+        ({"use_vllm": True}, 2, True, False),  # an engine each: the whole master on every process
+        ({"use_vllm": True, "master_dtype": "compensated_bfloat16"}, 2, False, False),  # its value half is the model
+        ({"use_vllm": True, "perturbation": "lowrank"}, 2, False, False),
+        ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, 2, True, True),
+        ({"use_vllm": True, "vllm_mode": "server"}, 2, True, True),
+        ({"use_vllm": True, "vllm_mode": "server", "shard_update": False}, 2, True, False),
+        ({"use_vllm": True, "vllm_mode": "server"}, 1, False, False),
+    ],
+)
+def test_which_runs_release_the_model_and_split_the_master_between_their_processes(
+    settings, world_size, releases, splits
+):
+    defaults = dict(use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1, perturbation="full",
+                    master_dtype="float32", shard_update=True)  # fmt: skip
+    config = SimpleNamespace(**{**defaults, **settings}, world_size=world_size)
+    assert (releases_model(config), splits_master(config)) == (releases, splits)
 
 
 def test_fsdp_is_refused_naming_the_setting_and_the_layout_for_large_models(tmp_path, monkeypatch):

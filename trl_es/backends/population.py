@@ -92,6 +92,7 @@ def build_population(
     resumed=None,
     update_shards: UpdateShards | None = None,
     engine_group=None,
+    master_group=None,
     device: torch.device | None = None,
     keep_model: bool = True,
 ) -> Population:
@@ -108,6 +109,9 @@ def build_population(
         update_shards ([`UpdateShards`], *optional*): With several processes, how they share computing the update.
         engine_group (`torch.distributed.ProcessGroup`, *optional*): The processes that share a tensor-parallel
             colocated engine.
+        master_group (`torch.distributed.ProcessGroup`, *optional*): The processes that split the master between
+            them, each tensor's on one owner ([`ShardedMasterWeights`]): a tensor-parallel engine's, or every
+            training process in server mode. None: each process holds all of it.
         device (`torch.device`, *optional*): Where the master lives and the update is computed: by default the
             model's device; the accelerator for a model kept in host memory.
         keep_model (`bool`, *optional*, defaults to `True`): `False` to release the model's evolving weights as soon
@@ -130,9 +134,9 @@ def build_population(
         master = LowRankMasterWeights.from_model(
             model, parameters, args.sigma, args.lowrank_rank, args.lowrank_other_parameters, share, device
         )
-    elif engine_group is not None:  # a tensor-parallel engine's processes each keep their share of the master
+    elif master_group is not None:  # each process keeps its share of the master
         shapes = {name: full_shape(param) for name, param in parameters.items()}
-        shards = EngineShards(engine_group, shapes)
+        shards = EngineShards(master_group, shapes)
         master = ShardedMasterWeights(
             parameters, args.sigma, shards, share_float32=share, offload=args.offload_master, device=device
         )
@@ -235,11 +239,12 @@ def _server_backend(args, master, parameters, resumed_from):
             "the model in a single dtype (`model_init_kwargs={'dtype': ...}`, `cast_lm_head_to_fp32=False`)."
         )
     parameter_dtype = str(dtypes.pop()).removeprefix("torch.")
+    expected = master.digests()  # once for all this process's servers: collective where the processes split it
     servers = []
     for url in servers_of_process(args.vllm_server_urls, args.process_index, args.world_size):
         server = VLLMServerBackend(
             url, master, timeout=args.vllm_server_timeout, secret_file=args.vllm_server_secret_file
         )
-        server.start_run(parameter_dtype=parameter_dtype, checkpoint=resumed_from)
+        server.start_run(parameter_dtype=parameter_dtype, checkpoint=resumed_from, expected=expected)
         servers.append(server)
     return servers[0] if len(servers) == 1 else VLLMServerPool(servers)

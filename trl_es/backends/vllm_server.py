@@ -186,11 +186,14 @@ class VLLMServerBackend(OneMemberAtATime):
 
     # Backend ----------------------------------------------------------------------------------------------------
 
-    def start_run(self, parameter_dtype: str, checkpoint: str | None = None) -> None:
+    def start_run(
+        self, parameter_dtype: str, checkpoint: str | None = None, expected: tuple[str, str] | None = None
+    ) -> None:
         """Check that the server runs the trl-es extension, create this run's master in it and check that it equals
-        the trainer's."""
+        the trainer's (`expected`: the trainer master's `digests()`, computed once for all of a process's servers,
+        as it is collective where the processes split the master)."""
         self._control("es_version")
-        names = json.dumps(list(self.master.tensors))
+        names = json.dumps(self.master.names())
         # A resumed run's master is in its checkpoint, which the server reads (it must see the same filesystem).
         resume_from = os.path.abspath(checkpoint) if checkpoint else ""
         sigma = repr(float(self.master.sigma))
@@ -205,7 +208,7 @@ class VLLMServerBackend(OneMemberAtATime):
                 f"{replaced['idle_seconds']:.0f} s ago); this trainer took it over, and that run's trainer stops at "
                 "its next call."
             )
-        expected, expected_optimizer = self.master.digests()
+        expected, expected_optimizer = expected or self.master.digests()
         digests = {result["master_digest"] for result in started}
         if digests != {expected}:
             raise VLLMServerError(
@@ -270,8 +273,9 @@ class VLLMServerBackend(OneMemberAtATime):
         self._control("es_verify", self.run_id, self.load)  # nothing rewrote the weights while they generated
         return completions
 
-    def check_consistency(self, step: int) -> None:
-        expected, expected_optimizer = self.master.digests()  # once, whatever the number of workers
+    def check_consistency(self, step: int, expected: tuple[str, str] | None = None) -> None:
+        """Fail loudly if the server's master or engine left the trainer's (`expected`: as in `start_run`)."""
+        expected, expected_optimizer = expected or self.master.digests()  # once, whatever the number of workers
         reports = self._control("es_checksum", self.run_id, self.load)
         for report in reports:
             if report["master_digest"] != expected:

@@ -74,7 +74,8 @@ class VLLMServerPool:
         self._on_every_server(lambda server: server.after_update(coefficients, lr, weight_decay))
 
     def check_consistency(self, step: int) -> None:
-        self._on_every_server(lambda server: server.check_consistency(step))
+        expected = self.master.digests()  # once, here: collective where the processes split the master
+        self._on_every_server(lambda server: server.check_consistency(step, expected))
 
     def _spread(self, server_of_item: list[int], share: ShareCall, timer: PhaseTimer | None) -> list:
         """Each server's items (`server_of_item[i]`) through `share`, the servers in parallel; results in item

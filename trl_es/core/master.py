@@ -164,6 +164,10 @@ class MasterWeights:
             base += float(ref.double().pow(2).sum())
         return math.sqrt(diff / base) if base > 0 else 0.0
 
+    def names(self) -> list[str]:
+        """Every tensor of the master, in model order (also those other processes own, where it is split)."""
+        return list(self.shapes)
+
     def updated_names(self) -> list[str]:
         """The tensors an update changes, in master order."""
         return [name for name in self.tensors if not self.is_frozen(name)]

@@ -1,9 +1,11 @@
-"""The master split over the processes that share one tensor-parallel engine (issue 29).
+"""The master split over the processes that share one tensor-parallel engine, or over the training processes of a
+server run (issue 29).
 
 The k processes of a tensor-parallel vLLM engine evaluate the same members together, so each needs every member's
 tensors, but none needs the whole float32 master: each tensor's master lives on one owner of the group (dealt by size
 as `UpdateShards` deals them), which computes its member values and its updates and broadcasts them to the group. A
-process then holds about 1/k of the master; members and updates are bitwise those of an unsplit master.
+process then holds about 1/k of the master; members and updates are bitwise those of an unsplit master. The training
+processes of a server run split theirs the same way: the servers keep masters of their own.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class ShardedMasterWeights(MasterWeights):
         self.parameters = parameters  # the model's, holding the centre where this process keeps the model
         self.full_shapes = {name: full_shape(param) for name, param in parameters.items()}  # a released one's too
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
+
+    def names(self) -> list[str]:
+        return list(self.full_shapes)
 
     def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of `member` (collective): each computed by its owner."""

@@ -284,6 +284,13 @@ def engine_group_size(config) -> int:
     return config.vllm_tensor_parallel_size if colocated else 1
 
 
+def splits_master(config) -> bool:
+    """Whether the training processes split the master between them, each tensor's on one owner, instead of each
+    holding all of it: the processes of a tensor-parallel colocated engine; in server mode, with `shard_update`, every
+    training process (the servers keep masters of their own, so only the process that saves needs the centre)."""
+    return engine_group_size(config) > 1 or (_uses_server(config) and config.world_size > 1 and config.shard_update)
+
+
 def _uses_server(config) -> bool:
     return bool(config.use_vllm and config.vllm_mode == "server")
 

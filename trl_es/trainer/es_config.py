@@ -115,7 +115,8 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             direction of a share of the tensors (summing the members in the same order as one process would) and
             broadcasts it, so the weights stay bitwise the same as with one process. Each process then receives
             (P - 1)/P of the model in float32 per step; turn it off across machines whose network is slower than
-            drawing `population_size` noises of the model again.
+            drawing `population_size` noises of the model again. In server mode the processes also split the master
+            itself (each tensor's on its owner, about 1/P of it per process); turned off, each keeps all of it.
         master_dtype (`str`, *optional*, defaults to `"float32"`):
             How the master (the centre every member is drawn from and every update lands in) is stored: `"float32"`,
             8 bytes per parameter beside a bfloat16 model, or `"compensated_bfloat16"`, a bfloat16 value plus a
@@ -133,9 +134,10 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
             never put on the accelerator whole (a model passed already on it moves to host memory when the population
             is built); the master is built on the accelerator one tensor at a time, and the members are evaluated by
             the engine, so the accelerator holds the engine and the master only. The model still follows the centre
-            after every update (checkpoints, evaluation and callbacks read it there) and stays in host memory after
-            training (`trainer.model.to(device)` brings it back). Set `False` for a callback that runs the model on
-            the accelerator.
+            after every update (checkpoints, evaluation and callbacks read it there; with several processes only the
+            one that saves keeps it, see [`ESTrainer`]) and stays in host memory after training
+            (`trainer.model.to(device)` brings it back). Set `False` for a callback that runs the model on the
+            accelerator.
         noise_seed (`int`, *optional*):
             Seed of the members' noise and of their shared sampling seeds; `seed` when unset. `SequentialTrainer`
             gives every ES stage after the first its own, so that stages do not replay each other's members.
@@ -294,7 +296,8 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
         default=True,
         metadata={
             "help": "With several processes, each computes the update of a share of the tensors and broadcasts it "
-            "(bitwise the same result). Turn off where the network is slower than drawing the noise again."
+            "(bitwise the same result); in server mode they also split the master. Turn off where the network is "
+            "slower than drawing the noise again."
         },
     )
 

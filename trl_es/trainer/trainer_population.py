@@ -5,12 +5,14 @@ member is drawn."""
 
 from __future__ import annotations
 
+import torch
+
 from ..backends.population import Population, build_population, evolving_parameters
 from ..compat.trl import colocated_engine, colocated_engine_group
 from ..core.distributed import check_ranks_agree
 from ..core.guards import check_finite_tensors
 from ..core.update_shards import UpdateShards
-from .config_checks import engine_group_size
+from .config_checks import splits_master
 from .released_model import keeps_model, restore_model_weights
 
 
@@ -39,6 +41,7 @@ def build_trainer_population(trainer, resumed=None) -> Population:
         resumed=resumed,
         update_shards=update_shards(trainer.accelerator, args),
         engine_group=colocated_engine_group(trainer),
+        master_group=master_group(trainer),
         device=args.device if args.model_in_host_memory else None,  # else the model's
         # The engines get every member from the master (a server from seeds), and checkpoints are written by the
         # processes that save: the model here would be one more copy of it per process, in host memory.
@@ -48,10 +51,17 @@ def build_trainer_population(trainer, resumed=None) -> Population:
     return population
 
 
+def master_group(trainer):
+    """The processes that split the master between them ([`splits_master`]), or None where each holds all of it."""
+    if not splits_master(trainer.args):
+        return None
+    return colocated_engine_group(trainer) or torch.distributed.group.WORLD  # a server run's: every process
+
+
 def update_shards(accelerator, args) -> UpdateShards | None:
     """How the processes share computing the update, or None to compute all of it on each."""
     processes = accelerator.num_processes
-    # A tensor-parallel engine's processes split the master itself: each owner updates its own tensors.
-    if processes == 1 or not args.shard_update or engine_group_size(args) > 1:
+    # Processes that split the master itself share the update already: each owner updates its own tensors.
+    if processes == 1 or not args.shard_update or splits_master(args):
         return None
     return UpdateShards(accelerator.process_index, processes)
