@@ -145,6 +145,19 @@ def test_two_processes_with_a_server_each_split_the_master_keep_one_model_and_en
         assert restored.keys() == final.keys() and all(torch.equal(restored[k], final[k]) for k in final)
 
 
+def test_a_process_whose_share_of_the_split_master_diverged_stops_the_run_at_the_next_check(
+    tiny_model_path, running, secret_file, checkpoint_root
+):
+    """Each tensor of the split master lives on one process, so the processes have none to compare with each other;
+    the servers' masters are checked against the digest combined from every owner's share, which catches it."""
+    output_dir = checkpoint_root / "diverged"
+    urls = ",".join(server.url for server in running)
+    run = launch(2, tiny_model_path, output_dir, "--vllm_servers", urls, "--secret_file", secret_file,
+                 "--corrupt_rank", 1)  # fmt: skip
+    assert run.returncode != 0
+    assert "At step 2 the vLLM server's master differs from the trainer's" in run.stderr, run.stderr[-3000:]
+
+
 def test_a_server_killed_mid_step_is_an_error_naming_it_and_the_run_resumes_bitwise(
     tiny_model_path, running, secret_file, checkpoint_root, one_server_run
 ):
