@@ -156,6 +156,7 @@ def test_a_process_whose_share_of_the_split_master_diverged_stops_the_run_at_the
                  "--corrupt_rank", 1)  # fmt: skip
     assert run.returncode != 0
     assert "At step 2 the vLLM server's master differs from the trainer's" in run.stderr, run.stderr[-3000:]
+    assert "where the training processes split the master, one process's share" in run.stderr
 
 
 def test_a_server_killed_mid_step_is_an_error_naming_it_and_the_run_resumes_bitwise(

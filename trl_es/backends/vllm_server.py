@@ -281,7 +281,10 @@ class VLLMServerBackend(OneMemberAtATime):
             if report["master_digest"] != expected:
                 raise VLLMServerError(
                     f"At step {step} the vLLM server's master differs from the trainer's (digest "
-                    f"{report['master_digest']} vs {expected}): the server's generations no longer follow the run."
+                    f"{report['master_digest']} vs {expected}): the server's generations no longer follow the run. "
+                    "Something changed one of them outside the run's updates: the server's master, or, where the "
+                    "training processes split the master, one process's share (code that wrote into "
+                    "`trainer.population.master`)."
                 )
             if report["optimizer_digest"] != expected_optimizer:
                 raise VLLMServerError(
