@@ -4,9 +4,9 @@ servers (issue 29).
 
 Those processes need none of it: a colocated engine gets every member and the centre from the master (from the owners
 of its shares, with tensor parallelism), a server regenerates them itself, and checkpoints are written by the
-processes that save. So they release the model's evolving weights once the population is built
-(`core/released_weights.py`), neither a resume nor `load_best_model_at_end` loads a checkpoint's weights into their
-model, and the weights come back from the main process before anything that reads or loads them.
+processes that save. So they release the model's evolving weights as soon as their master holds them, while the
+population is built (`core/released_weights.py`), neither a resume nor `load_best_model_at_end` loads a checkpoint's
+weights into their model, and the weights come back from the main process before anything that reads or loads them.
 """
 
 from __future__ import annotations
