@@ -130,10 +130,9 @@ class VLLMColocateBackend(OneMemberAtATime):
     def _centre_weights(self) -> Iterator[torch.Tensor]:
         """The weights the engine holds at the centre: the reference model's, with the master's in place of those
         this process released (`core.released_weights`: a process that saves no checkpoint keeps no model)."""
-        parameters = dict(self.reference_model.named_parameters())
-        released = {name for name, parameter in parameters.items() if is_released(parameter)}
-        yield from (parameter for name, parameter in parameters.items() if name not in released)
-        yield from (tensor for name, tensor in self.master.centre() if name in released)
+        for name, parameter in self.reference_model.named_parameters():
+            # One tensor of the master at a time, and only a released one's (an offloaded master copies each read).
+            yield self.master.tensors[name] if is_released(parameter) else parameter
 
     def _check_shards_unchanged(self, step: int, fingerprint: dict[str, object]) -> None:
         """The layout-free sums do not add up over tensor-parallel shards (a model with fewer KV heads than ranks
