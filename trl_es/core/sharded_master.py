@@ -164,8 +164,8 @@ class ShardedMasterWeights(MasterWeights):
         the model)."""
         if any(map(is_released, self.parameters.values())):
             raise RuntimeError(
-                "relative_distance reads the model's weights, which this process released (it shares a "
-                "tensor-parallel engine and saves no checkpoint). Compute it on a process that saves (`should_save`)."
+                "relative_distance reads the model's weights, which this process released (it saves no "
+                "checkpoint). Compute it on a process that saves (`should_save`)."
             )
         diff, base = 0.0, 0.0
         for name, parameter in self.parameters.items():
