@@ -87,3 +87,43 @@ def test_a_non_finite_step_found_by_one_owner_stops_every_process():
     assert errors[0] is not None and errors[0] == errors[1] and "non-finite" in errors[0]
     for rank in (0, 1):
         assert all(torch.isfinite(tensor).all() for tensor in results[rank]["owned"].values())
+
+
+def _written_in_bfloat16(rank: int, world: int, results) -> None:
+    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
+    master = _master(ShardedMasterWeights, shards=shards)
+    traffic = _record_traffic()
+    member = dict(master.perturbed(MEMBER, dtype=torch.bfloat16))
+    centre = dict(master.centre(dtype=torch.bfloat16))
+    results[rank] = dict(member=member, centre=centre, owned=set(master.tensors), traffic=traffic)
+
+
+def _record_traffic() -> list[tuple[str, torch.dtype]]:
+    """From now on, each broadcast, send and receive of this process (the real ones), and the dtype it carried."""
+    traffic = []
+    for kind in ("broadcast", "send", "recv"):
+        real = getattr(dist, kind)
+
+        def recorded(tensor, *args, real=real, kind=kind, **kwargs):
+            traffic.append((kind, tensor.dtype))
+            return real(tensor, *args, **kwargs)
+
+        setattr(dist, kind, recorded)
+    return traffic
+
+
+def test_a_split_master_sends_each_tensor_in_the_engines_dtype_with_the_bits_of_its_float32_value_cast():
+    alone = _master()
+    member = {name: value.bfloat16() for name, value in alone.perturbed(MEMBER)}
+    centre = {name: value.bfloat16() for name, value in alone.centre()}
+    assert all(torch.equal(value, member[name]) for name, value in alone.perturbed(MEMBER, dtype=torch.bfloat16))
+
+    results = run_on_processes(_written_in_bfloat16, 2)
+
+    for rank in (0, 1):
+        assert results[rank]["owned"] != set(SHAPES)  # the others' tensors came from their owners...
+        assert results[rank]["traffic"] == [("broadcast", torch.bfloat16)] * 2 * len(SHAPES)  # ...in bf16: half
+        for name in SHAPES:
+            assert results[rank]["member"][name].dtype == torch.bfloat16
+            assert torch.equal(results[rank]["member"][name], member[name])
+            assert torch.equal(results[rank]["centre"][name], centre[name])

@@ -223,7 +223,7 @@ def _colocate_backend(llm, master, model, evolving, lowrank: bool, engine_group=
         backend.load_weights(model.named_parameters())
     else:
         fixed = ((name, p) for name, p in model.named_parameters() if name not in evolving)
-        backend.load_weights(itertools.chain(master.centre(), fixed))
+        backend.load_weights(itertools.chain(master.centre(dtype=backend.dtype), fixed))
     return backend
 
 

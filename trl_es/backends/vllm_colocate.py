@@ -66,10 +66,10 @@ class VLLMColocateBackend(OneMemberAtATime):
         self.llm.reset_prefix_cache()
 
     def load_member(self, member: Member) -> None:
-        self.load_weights(self.master.perturbed(member))
+        self.load_weights(self.master.perturbed(member, dtype=self.dtype))
 
     def load_center(self) -> None:
-        self.load_weights(self.master.centre())
+        self.load_weights(self.master.centre(dtype=self.dtype))
 
     def generate_center(self, prompt_ids, sampling, seed):
         """Completions with the weights the engine holds (the centre, between calls)."""

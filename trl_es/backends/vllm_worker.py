@@ -179,10 +179,10 @@ class ESWorkerExtension:
                 f"{changed[:3]}.",
             )
 
-    def _es_write(self, state: dict, named_tensors, holds: str) -> str:
-        """Load `named_tensors` into the engine and record what it holds; returns the new load number."""
-        dtype = next(worker_model(self).parameters()).dtype
-        worker_model(self).load_weights((name, tensor.to(dtype)) for name, tensor in named_tensors)
+    def _es_write(self, state: dict, named_tensors_in, holds: str) -> str:
+        """Load `named_tensors_in(dtype=<the engine's>)` into the engine and record what it holds; returns the new
+        load number. The master casts each tensor before it travels between the workers that split it."""
+        worker_model(self).load_weights(named_tensors_in(dtype=next(worker_model(self).parameters()).dtype))
         self._es_loads = self._es_load_count() + 1
         state["holds"], state["fingerprint"] = holds, self._es_engine_fingerprint()
         return str(self._es_loads)
@@ -243,7 +243,7 @@ class ESWorkerExtension:
         state = dict(run_id=run_id, session=session, master=master, frozen=frozen, last_call=time.monotonic())
         self._es_runs()[run_id] = {"session": session, "replaced_at": None}
         self._es_state = state
-        load = self._es_write(state, master.centre(), "the centre")
+        load = self._es_write(state, master.centre, "the centre")
         master_digest, optimizer_digest = master.digests()
         return dict(master_digest=master_digest, optimizer_digest=optimizer_digest, load=load, replaced=replaced)
 
@@ -255,14 +255,16 @@ class ESWorkerExtension:
         self._es_check_unchanged(state, expected_load, fingerprint=False)  # `es_verify` checked it after generating
         member = Member(int(seed), int(sign))
         state["master"].sigma = float(sigma)
-        return self._es_write(state, state["master"].perturbed(member), f"member (seed {seed}, sign {sign})")
+        return self._es_write(
+            state, functools.partial(state["master"].perturbed, member), f"member (seed {seed}, sign {sign})"
+        )
 
     @control_call
     def es_load_center(self, session: str, run_id: str, expected_load: str) -> str:
         """Check that no other load followed load `expected_load`, then load the centre; returns its load number."""
         state = self._es_run(session, run_id)
         self._es_check_unchanged(state, expected_load, fingerprint=False)
-        return self._es_write(state, state["master"].centre(), "the centre")
+        return self._es_write(state, state["master"].centre, "the centre")
 
     @control_call
     def es_verify(self, session: str, run_id: str, expected_load: str) -> None:

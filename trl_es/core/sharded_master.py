@@ -43,10 +43,14 @@ class EngineShards:
     def owns(self, name: str) -> bool:
         return self.owner[name] == self.rank
 
-    def from_owner(self, name: str, value: torch.Tensor | None, shape: torch.Size, device) -> torch.Tensor:
+    def from_owner(
+        self, name: str, value: torch.Tensor | None, shape: torch.Size, device, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """Tensor `name` as its owner holds it (`value` there, in host memory or on `device`), on every process of
-        the group (float32 of `shape`, on `device`)."""
-        tensor = value.to(device) if self.owns(name) else torch.empty(shape, dtype=torch.float32, device=device)
+        the group (of `shape`, on `device`; float32, or sent cast to `dtype`: a bf16 engine's tensors travel in half
+        the bytes, and the receivers get the bits they would have cast to)."""
+        dtype = dtype or torch.float32
+        tensor = value.to(device, dtype) if self.owns(name) else torch.empty(shape, dtype=dtype, device=device)
         torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
         return tensor
 
@@ -89,16 +93,17 @@ class ShardedMasterWeights(MasterWeights):
     def names(self) -> list[str]:
         return list(self.full_shapes)
 
-    def perturbed(self, member: Member) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of `member` (collective): each computed by its owner."""
+    def perturbed(self, member: Member, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of `member` (collective): each computed by its owner and sent in `dtype` (float32 if
+        `None`)."""
         for name, shape in self.full_shapes.items():
             value = self.perturbed_tensor(name, member) if self.shards.owns(name) else None
-            yield name, self.shards.from_owner(name, value, shape, self.device)
+            yield name, self.shards.from_owner(name, value, shape, self.device, dtype)
 
-    def centre(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the master (collective)."""
+    def centre(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the master (collective), sent in `dtype` (float32 if `None`: a checkpoint's)."""
         for name, shape in self.full_shapes.items():
-            yield name, self.shards.from_owner(name, self.tensors.get(name), shape, self.device)
+            yield name, self.shards.from_owner(name, self.tensors.get(name), shape, self.device, dtype)
 
     def apply_update(self, coefficients, lr, weight_decay=0.0, shards: UpdateShards | None = None) -> float:
         """Each owner updates its tensors (`shards` is not used: the group's owners share the work already); the norm
