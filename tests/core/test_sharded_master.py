@@ -11,6 +11,7 @@ from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimiz
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import Member
+from trl_es.core.released_weights import release
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights
 
 COEFFICIENTS = {11: 0.7, 12: -0.3, 14: 1.25}
@@ -127,3 +128,31 @@ def test_a_split_master_sends_each_tensor_in_the_engines_dtype_with_the_bits_of_
             assert results[rank]["member"][name].dtype == torch.bfloat16
             assert torch.equal(results[rank]["member"][name], member[name])
             assert torch.equal(results[rank]["centre"][name], centre[name])
+
+
+def _centre_written(rank: int, world: int, offload: bool, results) -> None:
+    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
+    parameters = _parameters()
+    master = ShardedMasterWeights(parameters, sigma=0.1, shards=shards, offload=offload)
+    if rank == 1:
+        release(parameters)  # a process that saves no checkpoint keeps no model
+    master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+    traffic = _record_traffic()
+    master.write_centre_into(parameters)
+    results[rank] = dict(parameters=parameters, traffic=traffic, owned=set(master.tensors))
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["on_device", "offloaded"])
+def test_the_new_centre_travels_from_each_owner_to_the_process_that_keeps_the_model_only(offload):
+    alone = MasterWeights(_parameters(), sigma=0.1)
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+
+    results = run_on_processes(_centre_written, 2, offload)
+
+    kept, released = results[0], results[1]
+    assert all(torch.equal(kept["parameters"][name], alone.tensors[name].bfloat16()) for name in SHAPES)
+    assert all(parameter.numel() == 0 for parameter in released["parameters"].values())  # still released
+    assert 0 < len(released["owned"]) < len(SHAPES)
+    # Rank 1 sends its own tensors, in the model's bf16, and receives nothing; rank 0 receives those only.
+    assert released["traffic"] == [("send", torch.bfloat16)] * len(released["owned"])
+    assert kept["traffic"] == [("recv", torch.bfloat16)] * len(released["owned"])

@@ -58,11 +58,7 @@ class Population:
         update_norm = self.master.apply_update(
             coefficients, lr=lr, weight_decay=weight_decay, shards=self.update_shards
         )
-        for name, centre in self.master.centre():  # from each tensor's owner where the master is split
-            parameter = self.parameters[name]
-            # A parameter may be (part of) the master itself, or released by a process that keeps no model.
-            if not self.master.holds(name, parameter) and not is_released(parameter):
-                parameter.copy_(centre)
+        self.master.write_centre_into(self.parameters)  # from each tensor's owner where the master is split
         self.backend.after_update(coefficients, lr=lr, weight_decay=weight_decay)
         return update_norm
 

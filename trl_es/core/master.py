@@ -87,6 +87,15 @@ class MasterWeights:
         for name, value in self.tensors.items():
             yield name, value.to(dtype or torch.float32)
 
+    @torch.no_grad()
+    def write_centre_into(self, parameters: Mapping[str, torch.Tensor]) -> None:
+        """Copy the centre into the model's `parameters`, except those that are (part of) the master's own storage
+        and those this process released (it keeps no model: `core.released_weights`)."""
+        for name, centre in self.centre():
+            parameter = parameters[name]
+            if not self.holds(name, parameter) and not is_released(parameter):
+                parameter.copy_(centre)
+
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
         shape = self.shapes[name]

@@ -54,6 +54,32 @@ class EngineShards:
         torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
         return tensor
 
+    def to_receivers(
+        self,
+        name: str,
+        value: torch.Tensor | None,
+        shape: torch.Size,
+        device,
+        dtype: torch.dtype,
+        receivers: list[int],
+    ) -> torch.Tensor | None:
+        """Tensor `name` from its owner (`value` there) to the processes of `receivers` (group ranks) only, point to
+        point, cast to `dtype`; returns it there (and on the owner if it is one of them), `None` elsewhere."""
+        owner = self.owner[name]
+        if self.rank != owner:
+            if self.rank not in receivers:
+                return None
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+            torch.distributed.recv(tensor, src=self.ranks[owner], group=self.group)
+            return tensor
+        others = [receiver for receiver in receivers if receiver != owner]
+        if not others and owner not in receivers:
+            return None  # nobody needs it: no copy to the accelerator, no cast
+        tensor = value.to(device, dtype)
+        for receiver in others:
+            torch.distributed.send(tensor, dst=self.ranks[receiver], group=self.group)
+        return tensor
+
     def all_gather(self, value) -> list:
         """Every process's `value`, in group order."""
         return all_gather_objects(value, len(self.ranks), self.group)
@@ -103,7 +129,25 @@ class ShardedMasterWeights(MasterWeights):
     def centre(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of the master (collective), sent in `dtype` (float32 if `None`: a checkpoint's)."""
         for name, shape in self.full_shapes.items():
-            yield name, self.shards.from_owner(name, self.tensors.get(name), shape, self.device, dtype)
+            yield name, self.shards.from_owner(name, self._stored_if_owned(name), shape, self.device, dtype)
+
+    @torch.no_grad()
+    def write_centre_into(self, parameters: Mapping[str, torch.Tensor]) -> None:
+        """As [`MasterWeights.write_centre_into`] (collective): each owner sends its tensors, in their parameter's
+        dtype, only to the processes that keep the model. In a server run, or a tensor-parallel engine's group, that
+        is the process that saves, if any; the others receive nothing (each received the whole master in float32
+        until 2026-12-06)."""
+        keeps = not all(map(is_released, parameters.values()))
+        keepers = [rank for rank, kept in enumerate(self.shards.all_gather(keeps)) if kept]
+        for name, shape in self.full_shapes.items():
+            value, parameter, dtype = self._stored_if_owned(name), parameters[name], self.parameter_dtypes[name]
+            centre = self.shards.to_receivers(name, value, shape, self.device, dtype, keepers)
+            if keeps and not self.holds(name, parameter):
+                parameter.copy_(centre)
+
+    def _stored_if_owned(self, name: str) -> torch.Tensor | None:
+        """Tensor `name` as stored (in host memory when offloaded: read once, by the cast that sends it)."""
+        return self.stored(name) if name in self.tensors else None
 
     def apply_update(self, coefficients, lr, weight_decay=0.0, shards: UpdateShards | None = None) -> float:
         """Each owner updates its tensors (`shards` is not used: the group's owners share the work already); the norm
