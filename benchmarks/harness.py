@@ -219,7 +219,8 @@ def _in_group(rank: int, worker, world: int, port: int, args: tuple, results) ->
     try:
         worker(rank, world, *args, results)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a worker may tear the group down itself
+            dist.destroy_process_group()
 
 
 def reply_to_parent(result: dict) -> None:

@@ -54,6 +54,9 @@ def test_two_processes_end_bitwise_identical_to_one(tmp_path, tiny_model_path, o
     two = launch(2, tiny_model_path, tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
     assert (tmp_path / "two" / "num_processes").read_text() == "2"
+    # The process group torn down, none of its threads is left to run while the interpreter exits (DeepSpeed,
+    # imported by the Trainer, held it: `compat.deepspeed`).
+    assert [(tmp_path / "two" / f"gloo_threads_rank{rank}").read_text() for rank in (0, 1)] == ["[]", "[]"]
     assert_same_run(one_process_runs("transformers"), tmp_path / "two")
     # No DDP: it would hold a gradient buffer the size of the evolving parameters that ES never fills.
     wrapped = {(tmp_path / "two" / f"wrapped_rank{rank}").read_text() for rank in range(2)}
@@ -257,6 +260,8 @@ def test_grpo_stages_train_under_deepspeed_with_our_configs(tmp_path, tiny_model
     run = launch(2, tiny_model_path, tmp_path / "grpo", "grpo", script=DEEPSPEED_SCRIPT, config=config)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "TRAINED grpo steps=1 processes=2" in run.stdout
+    if config == "deepspeed_zero2.yaml":  # ZeRO-3's partitioned parameters still hold its groups (not released)
+        assert run.stdout.count("GLOO THREADS LEFT []") == 2
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from fast_es import MOVING, fast_es_config
 from safetensors.torch import load_file, save_file
+from threads import gloo_threads
 from transformers import TrainerCallback
 
 from trl_es import ESTrainer
@@ -204,6 +205,7 @@ def main():
     release_vllm_engine(trainer)
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
+    Path(cli.output_dir, f"gloo_threads_rank{rank}").write_text(json.dumps(gloo_threads()))  # none should be left
 
 
 if __name__ == "__main__":

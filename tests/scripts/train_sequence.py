@@ -11,6 +11,7 @@ import os
 
 from accelerate import PartialState
 from fast_es import MOVING, fast_es_config, fast_grpo_config
+from threads import gloo_threads
 
 from trl_es.sequential.trainer import SequentialTrainer
 from trl_es.testing import digit_fraction, digit_prompts
@@ -43,6 +44,7 @@ def main():
     # Leave together and tear the process group down: a rank that exits while gloo threads still run aborts.
     state.wait_for_everyone()
     state.destroy_process_group()
+    print(f"GLOO THREADS LEFT {gloo_threads()}")
 
 
 if __name__ == "__main__":

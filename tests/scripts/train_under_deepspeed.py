@@ -4,12 +4,15 @@
         train_under_deepspeed.py MODEL OUTPUT_DIR grpo|es
 """
 
+import gc
 import sys
 
 from datasets import Dataset
+from threads import gloo_threads
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_es import ESConfig, ESTrainer
+from trl_es.compat.deepspeed import release_process_groups
 
 
 def length_reward(completions, **kwargs):
@@ -28,9 +31,17 @@ def main():
         trainer = ESTrainer(model=model, reward_funcs=length_reward, train_dataset=dataset,
                             args=ESConfig(population_size=2, **common))  # fmt: skip
     trainer.train()
-    trainer.accelerator.wait_for_everyone()  # a rank that exits while another still runs a collective aborts
-    trainer.accelerator.end_training()
     print(f"TRAINED {method} steps={trainer.state.global_step} processes={trainer.accelerator.num_processes}")
+    # A DeepSpeed engine, and DeepSpeed's references to the process groups, would keep their gloo threads running at
+    # exit: let go of both, as the SequentialTrainer does after each stage.
+    state = trainer.accelerator.state
+    trainer.accelerator.free_memory()
+    del trainer
+    gc.collect()
+    release_process_groups()
+    state.wait_for_everyone()  # a rank that exits while another still runs a collective aborts
+    state.destroy_process_group()
+    print(f"GLOO THREADS LEFT {gloo_threads()}")
 
 
 if __name__ == "__main__":

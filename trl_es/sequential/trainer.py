@@ -21,6 +21,7 @@ from datasets import Dataset, load_from_disk
 from trl import GRPOConfig, GRPOTrainer
 
 from ..compat.accelerate import reset_accelerator_state
+from ..compat.deepspeed import release_process_groups
 from ..core.checkpoint import last_complete_checkpoint
 from ..core.noise import derive_seed
 from ..trainer.es_config import ESConfig
@@ -265,6 +266,7 @@ class SequentialTrainer:
                 trainer.train(resume_from_checkpoint=self._resume_point(index, stage))
         self._save_final_model(trainer, self.final_model(index))
         trainer.accelerator.free_memory()  # drops the prepared model and optimizer, destroys a DeepSpeed engine
+        release_process_groups()  # DeepSpeed's, which would hold them past the run's `destroy_process_group`
         release_vllm_engine(trainer)  # now, not whenever the trainer is collected: the next stage may start its own
         reset_accelerator_state()  # the next stage's Accelerator takes its own DeepSpeed plugin and precision
         del trainer

@@ -28,6 +28,7 @@ from ..backends.hf import TokenIds
 from ..backends.population import Population, engine_setup, evolving_parameters
 from ..backends.sampling import SamplingSettings
 from ..compat.accelerate import prepare_without_ddp
+from ..compat.deepspeed import release_process_groups
 from ..compat.transformers import TrainerHooks
 from ..compat.trl import (
     TrainerTags,
@@ -211,6 +212,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
                 rollout_func=rollout_func,
                 environment_factory=environment_factory,
             )
+        release_process_groups()  # DeepSpeed, imported by the Trainer, would hold them past `destroy_process_group`
         # ES reduces no gradients: the model is never wrapped in DDP, and one kept in host memory is never moved.
         prepare_without_ddp(self.accelerator, lambda module: module is self.model, place=not args.model_in_host_memory)
         # GRPO's `tools`: the given tools and the environments' methods.
