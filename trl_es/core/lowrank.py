@@ -159,13 +159,13 @@ class LowRankMasterWeights(MasterWeights):
             return None
         return parameter_noise(seed, name, master.shape, master.device)
 
-    def perturbed(self, member: Member, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def perturbed(self, member: Member, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, master + sign * sigma * eps)` one tensor at a time (float32, or cast to `dtype`); frozen
         tensors are copies of the master. Used to write a member's weights explicitly (tests, vLLM weight loading)."""
         for name, master in self.tensors.items():
             noise = self.noise(member.seed, name)
             value = master.clone() if noise is None else noise.mul_(member.sign * self.sigma).add_(master)
-            yield name, value.to(dtype or torch.float32)
+            yield name, value.to(dtype)
 
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor; for a low-rank matrix one matmul of the stacked factors."""

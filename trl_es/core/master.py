@@ -69,11 +69,11 @@ class MasterWeights:
         # The dtype each tensor is written into: an update must stay finite there too, not only in float32.
         self.parameter_dtypes = {name: param.dtype for name, param in parameters.items()}
 
-    def perturbed(self, member: Member, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def perturbed(self, member: Member, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, master + sign * sigma * eps)` one tensor at a time (float32, or cast to `dtype`: the dtype
         the caller writes it into), so the noise of a whole model is never held at once."""
         for name in self.tensors:
-            yield name, self.perturbed_tensor(name, member).to(dtype or torch.float32)
+            yield name, self.perturbed_tensor(name, member).to(dtype)
 
     def perturbed_tensor(self, name: str, member: Member) -> torch.Tensor:
         """`master + sign * sigma * eps` of tensor `name` (float32)."""
@@ -81,11 +81,11 @@ class MasterWeights:
         noise = parameter_noise(member.seed, name, master.shape, master.device)
         return noise.mul_(member.sign * self.sigma).add_(master)
 
-    def centre(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def centre(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, master)` for every tensor: the centre, as a backend writes it (float32, or cast to
         `dtype`)."""
         for name, value in self.tensors.items():
-            yield name, value.to(dtype or torch.float32)
+            yield name, value.to(dtype)
 
     @torch.no_grad()
     def write_centre_into(self, parameters: Mapping[str, torch.Tensor]) -> None:

@@ -44,12 +44,11 @@ class EngineShards:
         return self.owner[name] == self.rank
 
     def from_owner(
-        self, name: str, value: torch.Tensor | None, shape: torch.Size, device, dtype: torch.dtype | None = None
+        self, name: str, value: torch.Tensor | None, shape: torch.Size, device, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
         """Tensor `name` as its owner holds it (`value` there, in host memory or on `device`), on every process of
         the group (of `shape`, on `device`; float32, or sent cast to `dtype`: a bf16 engine's tensors travel in half
         the bytes, and the receivers get the bits they would have cast to)."""
-        dtype = dtype or torch.float32
         tensor = value.to(device, dtype) if self.owns(name) else torch.empty(shape, dtype=dtype, device=device)
         torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
         return tensor
@@ -119,15 +118,14 @@ class ShardedMasterWeights(MasterWeights):
     def names(self) -> list[str]:
         return list(self.full_shapes)
 
-    def perturbed(self, member: Member, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of `member` (collective): each computed by its owner and sent in `dtype` (float32 if
-        `None`)."""
+    def perturbed(self, member: Member, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of `member` (collective): each computed by its owner and sent in `dtype`."""
         for name, shape in self.full_shapes.items():
             value = self.perturbed_tensor(name, member) if self.shards.owns(name) else None
             yield name, self.shards.from_owner(name, value, shape, self.device, dtype)
 
-    def centre(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the master (collective), sent in `dtype` (float32 if `None`: a checkpoint's)."""
+    def centre(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the master (collective), sent in `dtype` (a checkpoint's: float32)."""
         for name, shape in self.full_shapes.items():
             yield name, self.shards.from_owner(name, self._stored_if_owned(name), shape, self.device, dtype)
 
