@@ -2,17 +2,21 @@
 it: each holds about 1/k of the master, and members, centre, updates and the checkpointed master are bitwise those of
 one unsplit master."""
 
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from benchmarks.harness import run_on_processes
+from trl_es.core.checkpoint import load_es_state, load_optimizer_state, save_es_state
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import Member
 from trl_es.core.released_weights import release
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights
+from trl_es.core.tensor_files import TensorStream, drain
 
 COEFFICIENTS = {11: 0.7, 12: -0.3, 14: 1.25}
 SHAPES = {"embed.weight": (64, 16), "layer.0.weight": (16, 16), "layer.0.bias": (16,), "norm.weight": (16,)}
@@ -156,3 +160,58 @@ def test_the_new_centre_travels_from_each_owner_to_the_process_that_keeps_the_mo
     # Rank 1 sends its own tensors, in the model's bf16, and receives nothing; rank 0 receives those only.
     assert released["traffic"] == [("send", torch.bfloat16)] * len(released["owned"])
     assert kept["traffic"] == [("recv", torch.bfloat16)] * len(released["owned"])
+
+
+def _checkpoint_written(rank: int, world: int, folder, results) -> None:
+    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
+    master = _master(ShardedMasterWeights, shards=shards)
+    master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)  # the adam state exists from the first update
+    saves, alive = rank == 0, []
+    traffic = _record_traffic()
+    masters = _counting_alive(master.checkpoint_stream(SHAPES, keep=saves), set(master.tensors), alive)
+    optimizer_state = _counting_alive(master.optimizer_stream(keep=saves), set(master.tensors), alive)
+    if saves:
+        save_es_state(folder, masters, dict(_parameters()), {"global_step": 1}, optimizer_state)
+    else:
+        drain(masters)
+        drain(optimizer_state)
+    results[rank] = dict(traffic=traffic, owned=set(master.tensors), alive=alive)
+
+
+def _counting_alive(stream: TensorStream, owned: set[str], alive: list[int]) -> TensorStream:
+    """`stream`, recording as each tensor arrives how many received before it are still held anywhere (the tensors
+    this process owns are its master's own)."""
+    received = []
+
+    def tensors():
+        for key, tensor in stream.tensors:
+            alive.append(sum(ref() is not None for ref in received))
+            name = key if key in SHAPES else key.rsplit(".", 1)[0]  # an adam state key: "<name>.<suffix>"
+            if name not in owned:
+                received.append(weakref.ref(tensor))
+            yield key, tensor
+            del tensor
+
+    return TensorStream(stream.layout, tensors())
+
+
+def test_a_checkpoint_of_a_split_master_gets_each_tensor_from_its_owner_one_at_a_time_and_only_where_it_is_written(
+    tmp_path,
+):
+    alone = _master()
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+
+    results = run_on_processes(_checkpoint_written, 2, tmp_path)
+
+    masters, _, _ = load_es_state(tmp_path)
+    assert all(torch.equal(masters[name], alone.tensors[name]) for name in SHAPES) and len(masters) == len(SHAPES)
+    optimizer_state, expected = load_optimizer_state(tmp_path), alone.optimizer.state_dict()
+    assert optimizer_state.keys() == expected.keys()
+    assert all(torch.equal(optimizer_state[key], expected[key]) for key in expected)
+    # Rank 1 sends its master and adam state (m, v) to rank 0, point to point, in float32; nothing is broadcast.
+    sent = 3 * len(results[1]["owned"])
+    assert results[1]["traffic"] == [("send", torch.float32)] * sent
+    assert results[0]["traffic"] == [("recv", torch.float32)] * sent
+    # Rank 0 held one received tensor at a time: each was written and let go of before the next came (where the
+    # stream was gathered whole, all of them were alive at the end).
+    assert len(results[0]["alive"]) == 3 * len(SHAPES) and set(results[0]["alive"]) == {0}

@@ -1,6 +1,7 @@
 """`TensorFiles` and the shares read through it: what a vLLM server's worker reads at `es_init`, and what a resumed
 process reads of a checkpoint's master and `es_optimizer` state. A process that keeps a share (a worker of a
-tensor-parallel engine, here one of two gloo processes; a process with `shard_update`) reads that share only."""
+tensor-parallel engine, here one of two gloo processes; a process with `shard_update`) reads that share only. And
+`write_safetensors`, which writes a checkpoint's ES state one tensor at a time, as the tensors come."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimiz
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights
-from trl_es.core.tensor_files import TensorFiles, read_master_share
+from trl_es.core.tensor_files import TensorFiles, TensorStream, read_master_share, write_safetensors
 from trl_es.core.update_shards import UpdateShards
 
 SHAPES = {"embed.weight": (32, 8), "layer.0.weight": (8, 8), "layer.0.bias": (8,), "norm.weight": (8,)}
@@ -215,3 +216,39 @@ def test_each_worker_of_a_tensor_parallel_engine_reads_the_tensors_it_owns_and_o
         assert result["error"] is None
         assert all(torch.equal(tensor, alone[name]) for name, tensor in result["master"].items())
         assert all(torch.equal(tensor, saved["state"][key]) for key, tensor in result["state"].items())
+
+
+def test_a_stream_is_written_one_tensor_at_a_time_in_any_order_as_safetensors_reads_it(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(3, 4, generator=generator), "b": torch.arange(5).bfloat16(), "c": torch.empty(0, 2)}
+    layout = {name: (tensor.shape, tensor.dtype) for name, tensor in tensors.items()}
+    arrivals = [("c", tensors["c"]), ("b", tensors["b"]), ("a", tensors["a"])]  # as owners send them, not in order
+
+    write_safetensors(tmp_path / "state.safetensors", TensorStream(layout, iter(arrivals)))
+
+    written = load_file(tmp_path / "state.safetensors")
+    assert list(written) == ["a", "b", "c"]  # the layout's order
+    assert all(
+        torch.equal(written[name], tensor) and written[name].dtype == tensor.dtype for name, tensor in tensors.items()
+    )
+
+
+@pytest.mark.parametrize(
+    "arrivals, error",
+    [
+        (
+            [("a", torch.zeros(3, 4)), ("b", torch.zeros(4))],
+            r"Tensor 'b' \(torch.float32, shape \(4,\)\) does not match",
+        ),
+        ([("a", torch.zeros(3, 4)), ("z", torch.zeros(5))], r"Tensor 'z' .* it is not in it"),
+        ([("a", torch.zeros(3, 4))], r"written without \['b'\]"),
+    ],
+    ids=["wrong_shape", "unknown", "missing"],
+)
+def test_a_stream_that_does_not_match_its_layout_is_an_error_naming_the_tensor_and_leaves_no_file(
+    tmp_path, arrivals, error
+):
+    layout = {"a": (torch.Size([3, 4]), torch.float32), "b": (torch.Size([5]), torch.float32)}
+    with pytest.raises(ValueError, match=error):
+        write_safetensors(tmp_path / "state.safetensors", TensorStream(layout, iter(arrivals)))
+    assert not (tmp_path / "state.safetensors").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -20,12 +21,11 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .guards import check_finite_tensors
+from .guards import NonFiniteError, check_finite_tensors
 from .released_weights import full_shape
-from .tensor_files import TensorFiles, shapes_and_dtypes
+from .tensor_files import TensorFiles, TensorStream, drain, shapes_and_dtypes, write_safetensors
 
 ES_STATE_DIR = "es_state"
 MASTER_FILE = "master.safetensors"
@@ -39,31 +39,49 @@ TRAINER_STATE_FILE = "trainer_state.json"
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 
 
-def _contiguous_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
-
-
 def save_es_state(
     checkpoint_dir: str | os.PathLike,
-    master: dict[str, torch.Tensor],
-    parameter_dtypes: dict[str, torch.dtype],
-    reference: dict[str, torch.Tensor],
+    master: TensorStream,
+    reference: Mapping[str, torch.Tensor],
     metadata: dict,
-    optimizer_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: TensorStream | None = None,
 ) -> None:
-    """Write the ES state of a run into `checkpoint_dir/es_state/`; the metadata file is written last. Raises
-    `NonFiniteError`, writing nothing, if a master or optimizer tensor holds NaN or infinity (the reference weights
-    were checked when the run started or was resumed)."""
-    optimizer_state = optimizer_state or {}
-    check_finite_tensors(master, f"The ES master tensors to be written to {checkpoint_dir}")
-    check_finite_tensors(optimizer_state, f"The es_optimizer state to be written to {checkpoint_dir}")
+    """Write the ES state of a run into `checkpoint_dir/es_state/`, one tensor at a time ([`write_safetensors`]): the
+    float32 `master` of the parameters the model's dtype rounds, the `reference` (starting) weights and the
+    `es_optimizer` state; the metadata file is written last. A master or optimizer tensor holding NaN or infinity is
+    a `NonFiniteError`, raised once both streams are drained (other processes may be sending their tensors) and the
+    ES state written so far is removed: the checkpoint has none, and a resume skips it (the reference weights were
+    checked when the run started or was resumed)."""
+    optimizer_state = optimizer_state or TensorStream.of({})
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
-    lossy = {name: tensor for name, tensor in master.items() if parameter_dtypes[name] != torch.float32}
-    save_file(_contiguous_cpu(lossy), state_dir / MASTER_FILE)
-    save_file(_contiguous_cpu(reference), state_dir / REFERENCE_FILE)
-    save_file(_contiguous_cpu(optimizer_state), state_dir / OPTIMIZER_FILE)
+    try:
+        write_safetensors(
+            state_dir / MASTER_FILE, _finite(master, f"The ES master tensors to be written to {checkpoint_dir}")
+        )
+        write_safetensors(state_dir / REFERENCE_FILE, TensorStream.of(reference))
+        write_safetensors(
+            state_dir / OPTIMIZER_FILE,
+            _finite(optimizer_state, f"The es_optimizer state to be written to {checkpoint_dir}"),
+        )
+    except NonFiniteError:
+        drain(master)
+        drain(optimizer_state)
+        shutil.rmtree(state_dir)
+        raise
     (state_dir / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **metadata}, indent=2))
+
+
+def _finite(stream: TensorStream, what: str) -> TensorStream:
+    """`stream`, each tensor checked for non-finite values as it comes (`check_finite_tensors`)."""
+
+    def checked():
+        for name, tensor in stream.tensors:
+            check_finite_tensors({name: tensor}, what)
+            yield name, tensor
+            del tensor  # before the next is produced
+
+    return TensorStream(stream.layout, checked())
 
 
 def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, TensorFiles, dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -19,6 +19,7 @@ from .guards import agree_on_non_finite, check_finite_tensors, check_step_fits, 
 from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
 from .released_weights import full_shape, is_released
+from .tensor_files import TensorStream, discarded
 from .update_shards import UpdateShards
 
 
@@ -208,13 +209,20 @@ class MasterWeights:
             state[key] = place(state[key])
 
     def optimizer_state(self, shards: UpdateShards | None = None) -> dict[str, torch.Tensor]:
-        """The whole `es_optimizer` state, as a checkpoint saves it: with `shards`, gathered from the tensors' owners
-        (collective: every process must call it)."""
+        """The whole `es_optimizer` state, gathered (see [`optimizer_stream`]; collective with `shards`)."""
+        return dict(self.optimizer_stream(shards).tensors)
+
+    def optimizer_stream(self, shards: UpdateShards | None = None, keep: bool = True) -> TensorStream:
+        """The whole `es_optimizer` state as a checkpoint writes it, one tensor at a time: with `shards`, each from its
+        owner (collective: every process iterates it to the end, also with `keep=False`, which yields nothing)."""
         state = self.optimizer.state_dict()
         suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
-        if shards is None or not suffixes:
-            return state
-        return dict(shards.gathered(self.shapes, self.updated_names(), state, suffixes, self.device))
+        if shards is None or not suffixes or self.optimizer.updates == 0:
+            return TensorStream.of(state if keep else {})
+        names = self.updated_names()
+        gathered = shards.gathered(self.shapes, names, state, suffixes, self.device)
+        layout = {f"{name}.{suffix}": (self.shapes[name], torch.float32) for name in names for suffix in suffixes}
+        return TensorStream(layout, gathered) if keep else TensorStream({}, discarded(gathered))
 
     def digests(self) -> tuple[str, str]:
         """The whole master's `master_digest` and its `es_optimizer`'s `optimizer_digest` (collective where the master
@@ -235,9 +243,20 @@ class MasterWeights:
         return self.tensors.host if isinstance(self.tensors, HostTensors) else self.tensors
 
     def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
-        """Every tensor of the master, as a checkpoint saves it (collective where the master is split over processes;
-        `keep=False`: a process that saves nothing takes part without keeping the tensors)."""
-        return self.state_dict() if keep else {}
+        """Every tensor of the master, gathered (see [`checkpoint_stream`]; collective where the master is split)."""
+        return dict(self.checkpoint_stream(self.names(), keep).tensors)
+
+    def checkpoint_stream(self, names: Iterable[str], keep: bool = True) -> TensorStream:
+        """The master's tensors `names` (float32) as a checkpoint writes them, one at a time as the writer asks for
+        each ([`write_safetensors`]): nothing is gathered beside the master. Collective where the master is split
+        over processes (every process iterates it to the end); `keep=False`: a process that writes nothing, whose
+        stream yields nothing."""
+        names = list(names) if keep else []
+        return TensorStream({name: (self.shapes[name], torch.float32) for name in names}, self._stored(names))
+
+    def _stored(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in names:
+            yield name, self.stored(name)
 
     def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
         """Load the tensors of `saved` (a checkpoint's masters, read as they are asked for) that this master keeps;

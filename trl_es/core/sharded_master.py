@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -22,6 +22,7 @@ from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
 from .released_weights import full_shape, is_released
+from .tensor_files import TensorStream, discarded
 from .update_shards import UpdateShards, all_gather_objects
 
 
@@ -136,12 +137,32 @@ class ShardedMasterWeights(MasterWeights):
         is the process that saves, if any; the others receive nothing (each received the whole master in float32
         until 2026-12-06)."""
         keeps = not all(map(is_released, parameters.values()))
-        keepers = [rank for rank, kept in enumerate(self.shards.all_gather(keeps)) if kept]
+        keepers = self._receivers(keeps)
         for name, shape in self.full_shapes.items():
             value, parameter, dtype = self._stored_if_owned(name), parameters[name], self.parameter_dtypes[name]
             centre = self.shards.to_receivers(name, value, shape, self.device, dtype, keepers)
             if keeps and not self.holds(name, parameter):
                 parameter.copy_(centre)
+
+    def _receivers(self, receives: bool) -> list[int]:
+        """The group ranks of the processes whose `receives` is true (collective)."""
+        return [rank for rank, received in enumerate(self.shards.all_gather(receives)) if received]
+
+    def _to_keepers(self, entries: list[tuple[str, str]], read: Callable[[str], torch.Tensor], keep: bool):
+        """A [`TensorStream`] of `(key, tensor)` for each `(name, key)` of `entries` (float32 of `name`'s shape), each
+        sent by the owner of `name` (`read(key)` there) to the processes that `keep` them, point to point, as the
+        stream is iterated (collective: the group iterates it to the end)."""
+        receivers = self._receivers(keep)
+
+        def tensors():
+            for name, key in entries:
+                value = read(key) if self.shards.owns(name) else None
+                shape = self.full_shapes[name]
+                yield key, self.shards.to_receivers(name, value, shape, self.device, torch.float32, receivers)
+
+        if not keep:
+            return TensorStream({}, discarded(tensors()))
+        return TensorStream({key: (self.full_shapes[name], torch.float32) for name, key in entries}, tensors())
 
     def _stored_if_owned(self, name: str) -> torch.Tensor | None:
         """Tensor `name` as stored (in host memory when offloaded: read once, by the cast that sends it)."""
@@ -171,16 +192,14 @@ class ShardedMasterWeights(MasterWeights):
         # Every key is checked.
         self._restore_optimizer(tensors, metadata, self.full_shapes, set(self.tensors), self.shards.all_gather)
 
-    def optimizer_state(self, shards=None) -> dict[str, torch.Tensor]:
-        """The whole `es_optimizer` state, each tensor's from its owner (collective)."""
+    def optimizer_stream(self, shards=None, keep: bool = True) -> TensorStream:
+        """The whole `es_optimizer` state, each tensor's from its owner to the processes that `keep` it (collective;
+        see [`checkpoint_stream`])."""
         suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
         if not suffixes or self.optimizer.updates == 0:  # no state yet: it is created by the first update
-            return {}
-        state, gathered = self.optimizer.state_dict(), {}
-        for name, shape in self.full_shapes.items():
-            for key in (f"{name}.{suffix}" for suffix in suffixes):
-                gathered[key] = self.shards.from_owner(name, state.get(key), shape, self.device)
-        return gathered
+            return TensorStream.of({})
+        entries = [(name, f"{name}.{suffix}") for name in self.full_shapes for suffix in suffixes]
+        return self._to_keepers(entries, self.optimizer.state_dict().__getitem__, keep)
 
     def digests(self) -> tuple[str, str]:
         """As [`MasterWeights.digests`], from the per-tensor digests of every owner (collective): no tensor travels."""
@@ -189,9 +208,11 @@ class ShardedMasterWeights(MasterWeights):
         state = {key: digest for _, part in parts for key, digest in part.items()}
         return combined_digest(tensors), optimizer_digest(self.optimizer, state)
 
-    def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
-        """Every tensor, from its owner (collective); `keep=False` drops each after its broadcast."""
-        return {name: value for name, value in self.centre() if keep}
+    def checkpoint_stream(self, names, keep: bool = True) -> TensorStream:
+        """As [`MasterWeights.checkpoint_stream`], each tensor sent by its owner to the processes that `keep` it, point
+        to point, when the writer asks for it (collective). Until 2026-12-06 every tensor was broadcast to the group
+        and gathered whole on the accelerator of the process that saves: a 70B master is 280 GB."""
+        return self._to_keepers([(name, name) for name in names], self.stored, keep)
 
     def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
         """As [`MasterWeights.load_saved`], but collective whatever `saved` holds: another process of the group may

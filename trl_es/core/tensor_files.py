@@ -1,20 +1,27 @@
-"""Tensors of safetensors files, read by name: a process that keeps a share of a model or of its ES state reads only
-that share.
+"""Tensors of safetensors files, read by name and written one at a time: a process that keeps a share of a model or
+of its ES state reads only that share, and a checkpoint's ES state is written as its tensors arrive from their owners.
 
 The processes of a tensor-parallel engine (and, with `shard_update`, the processes that share the update) each keep
 the master or the `es_optimizer` state of some tensors only. Reading whole files (`load_file`) put all of it in host
 memory once per process before each kept its share: for a 70B model on a node of eight, eight copies of its 140 GB of
 weights at a server's start, and of its 280 GB master and 560 GB adam state at a resume. The headers say every
 tensor's shape and dtype without reading it, which is all ownership and the checks need.
+
+Writing had the same flaw: `save_file` takes every tensor at once, so a checkpoint gathered a split master and its adam
+state whole, on the accelerator of the process that saves (840 GB for 70B, where a GPU has 80). [`write_safetensors`]
+writes the header from the tensors' shapes and dtypes, known beforehand, then each tensor as it comes, so the writer
+holds one at a time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -124,6 +131,85 @@ def shapes_and_dtypes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[to
     if isinstance(tensors, StoredTensors):
         return {name: (tensors.shapes[name], tensors.dtypes[name]) for name in tensors}
     return {name: (tensor.shape, tensor.dtype) for name, tensor in tensors.items()}
+
+
+class TensorStream(NamedTuple):
+    """Named tensors to write one at a time: each one's shape and dtype beforehand (`layout`, in file order; a
+    safetensors header comes first), and the tensors as they are produced (`tensors`: e.g. each sent by its owner when
+    the writer asks for it). A process that writes nothing still iterates `tensors` where producing them is collective
+    ([`drain`])."""
+
+    layout: dict[str, tuple[torch.Size, torch.dtype]]
+    tensors: Iterable[tuple[str, torch.Tensor]]
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, torch.Tensor]) -> TensorStream:
+        """The tensors of a mapping, each read when the writer asks for it ([`StoredTensors`] read one at a time)."""
+        return cls(shapes_and_dtypes(tensors), ((name, tensors[name]) for name in tensors))
+
+
+def drain(stream: TensorStream) -> None:
+    """Iterate `stream` to its end, keeping nothing: a process's part in the collectives that produce it."""
+    deque(stream.tensors, maxlen=0)
+
+
+def discarded(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields nothing, once iterated `tensors` to the end: the stream of a process that writes none of them."""
+    deque(tensors, maxlen=0)
+    yield from ()
+
+
+def write_safetensors(path: str | os.PathLike, stream: TensorStream) -> None:
+    """Write `stream` to the safetensors file `path`, one tensor at a time: the header from `stream.layout`, then each
+    tensor at its place as it arrives (in any order), moved to host memory there. Holds one tensor at a time.
+
+    A tensor that is not in the layout, or not of its shape and dtype, is a `ValueError` naming it, and so is a
+    tensor of the layout that never came. On any error the file is removed, with the error raised."""
+    header, offset = {}, 0
+    for name, (shape, dtype) in stream.layout.items():
+        if dtype not in SAFETENSORS_DTYPES:
+            raise TypeError(f"Cannot store {name!r} of dtype {dtype} in safetensors.")
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    try:
+        with open(path, "wb") as file:
+            file.write(len(encoded).to_bytes(8, "little"))
+            file.write(encoded)
+            _write_tensors(file, header, stream, path)
+    except BaseException:
+        Path(path).unlink(missing_ok=True)  # no file rather than one with holes
+        raise
+
+
+def _write_tensors(file, header: dict, stream: TensorStream, path) -> None:
+    data_start, written = file.tell(), set()
+    for name, tensor in stream.tensors:
+        expected = stream.layout.get(name)
+        if expected != (tensor.shape, tensor.dtype):
+            found = f"Tensor {name!r} ({tensor.dtype}, shape {tuple(tensor.shape)})"
+            wanted = "it is not in it" if expected is None else f"{expected[1]}, shape {tuple(expected[0])}"
+            raise ValueError(f"{found} does not match the layout of {path}: {wanted}.")
+        if tensor.numel():
+            file.seek(data_start + header[name]["data_offsets"][0])  # one that arrives early goes past the end
+            file.write(_as_bytes(tensor.detach().to("cpu")))
+        written.add(name)
+        del tensor  # before the next is produced: one tensor at a time
+    missing = [name for name in stream.layout if name not in written]
+    if missing:
+        raise ValueError(
+            f"{path} was written without {missing[:3]} ({len(missing)} tensors of its layout never came)."
+        )
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 class Owners(Protocol):

@@ -81,6 +81,7 @@ class UpdateShards:
                     received = state[key].to(device) if mine else torch.empty(shapes[name], device=device)
                     torch.distributed.broadcast(received, src=owner)
                     yield key, received
+                    del received  # before the next is received: one tensor at a time
 
 
 def all_gather_objects(value, size: int, group=None) -> list:

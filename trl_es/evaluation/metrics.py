@@ -13,7 +13,6 @@ of the model in memory.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import random
@@ -25,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..core.pass_at_k import pass_at_k  # noqa: F401  (re-exported: it lives in core, for ES's Pass@k fitness too)
-from ..core.tensor_files import SAFETENSORS_DTYPES, SafetensorsFile
+from ..core.tensor_files import SafetensorsFile, TensorStream, write_safetensors
 
 
 def _majority(answers: Sequence[str | None]) -> str | None:
@@ -101,33 +100,11 @@ class StartingWeights(SafetensorsFile):
         if owned:
             handle, path = tempfile.mkstemp(prefix="trl-es-starting-weights-", suffix=".safetensors")
             os.close(handle)
-        header, offset = {}, 0
-        for name, tensor in tensors.items():
-            if tensor.dtype not in SAFETENSORS_DTYPES:
-                raise TypeError(f"Cannot store {name!r} of dtype {tensor.dtype} in safetensors.")
-            size = tensor.numel() * tensor.element_size()
-            header[name] = {
-                "dtype": SAFETENSORS_DTYPES[tensor.dtype],
-                "shape": list(tensor.shape),
-                "data_offsets": [offset, offset + size],
-            }
-            offset += size
-        encoded = json.dumps(header, separators=(",", ":")).encode()
-        encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-        with open(path, "wb") as file:
-            file.write(len(encoded).to_bytes(8, "little"))
-            file.write(encoded)
-            for tensor in tensors.values():
-                if tensor.numel():
-                    file.write(_as_bytes(tensor.detach().to("cpu")))
+        write_safetensors(path, TensorStream.of(tensors))
         weights = cls(path)
         if owned:
             weakref.finalize(weights, _remove_file, str(path))
         return weights
-
-
-def _as_bytes(tensor: torch.Tensor) -> memoryview:
-    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def _remove_file(path: str) -> None:

@@ -27,6 +27,7 @@ from ..core.checkpoint import (
     load_optimizer_state,
     save_es_state,
 )
+from ..core.tensor_files import drain
 from ..evaluation.metrics import StartingWeights
 from .divergence import StepCounters
 from .run_settings import changed_run_settings, run_settings
@@ -67,18 +68,16 @@ def save_run_state(
     with `shard_update` each holds the `es_optimizer` state of the tensors it owns, and the processes of a
     tensor-parallel engine each hold a share of the master."""
     master = population.master
-    optimizer_state = master.optimizer_state(population.update_shards)
-    master_state = master.full_state_dict(keep=should_save)
-    if not should_save:
+    # A float32 parameter is its own master, saved with the model's weights: only the others' masters are written.
+    rounded = [name for name, param in population.parameters.items() if param.dtype != torch.float32]
+    masters = master.checkpoint_stream(rounded, keep=should_save)
+    optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save)
+    if not should_save:  # its part in gathering them (where the master or the optimizer state is split)
+        drain(masters)
+        drain(optimizer_state)
         return
-    save_es_state(
-        output_dir,
-        master=master_state,
-        parameter_dtypes={name: param.dtype for name, param in population.parameters.items()},
-        reference=reference,
-        metadata={**metadata, **master.optimizer.metadata()},
-        optimizer_state=optimizer_state,
-    )
+    metadata = {**metadata, **master.optimizer.metadata()}
+    save_es_state(output_dir, masters, reference, metadata, optimizer_state)
 
 
 def run_metadata(global_step: int, counters: StepCounters, reward_names: list[str], args) -> dict:
