@@ -7,7 +7,9 @@ so that `python benchmarks/<script>.py` runs from any folder.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import platform
 import signal
@@ -177,6 +179,34 @@ class PeakMemory:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+
+def resident_gb(key: str) -> float:
+    """`VmRSS` or `VmHWM` of this process, in GB (Linux: `/proc/self/status`)."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(key))
+    return int(line.split()[1]) * 1024 / 1e9
+
+
+def split_master_shapes(description: str) -> dict[str, tuple[int, int]]:
+    """The float32 master that the host-memory benchmarks split between processes, from the command line:
+    `--tensors` tensors of `--rows` x `--cols`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tensors", type=int, default=32)
+    parser.add_argument("--rows", type=int, default=2048)
+    parser.add_argument("--cols", type=int, default=4096)
+    args = parser.parse_args()
+    return {f"layer.{index}.weight": (args.rows, args.cols) for index in range(args.tensors)}
+
+
+def float32_gb(shapes: dict[str, tuple]) -> float:
+    return sum(math.prod(shape) for shape in shapes.values()) * 4 / 1e9
+
+
+def peak_growth_per_process(worker, processes: int, *args) -> list[float]:
+    """What `worker` (run on `processes` gloo processes, see [`run_on_processes`]) reports, by rank: how far its peak
+    resident size rose, in GB."""
+    results = run_on_processes(worker, processes, *args)
+    return [results[rank] for rank in range(processes)]
 
 
 # --------------------------------------------------------------------------------------------------------------------

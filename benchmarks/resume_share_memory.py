@@ -11,7 +11,6 @@ its own share, one tensor at a time) and once reading them whole first (`load_fi
 Linux only (it reads `/proc/self/status`).
 """
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -25,19 +24,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from benchmarks.harness import run_on_processes  # noqa: E402
+from benchmarks.harness import float32_gb, peak_growth_per_process, resident_gb, split_master_shapes  # noqa: E402
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings  # noqa: E402
 from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
 
 PROCESSES = 2
 ADAM = {"es_optimizer": "adam", "es_optimizer_updates": 1}
-
-
-def resident_gb(key: str) -> float:
-    """`VmRSS` or `VmHWM` of this process, in GB."""
-    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(key))
-    return int(line.split()[1]) * 1024 / 1e9
 
 
 def write_checkpoint(folder: Path, shapes: dict[str, tuple]) -> None:
@@ -63,27 +56,16 @@ def resume(rank: int, world: int, folder: Path, shapes: dict[str, tuple], readin
     results[rank] = resident_gb("VmHWM") - before
 
 
-def peak_growth(folder: Path, shapes: dict[str, tuple], reading: str) -> list[float]:
-    results = run_on_processes(resume, PROCESSES, folder, shapes, reading)
-    return [results[rank] for rank in range(PROCESSES)]
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tensors", type=int, default=32)
-    parser.add_argument("--rows", type=int, default=2048)
-    parser.add_argument("--cols", type=int, default=4096)
-    args = parser.parse_args()
-
-    shapes = {f"layer.{index}.weight": (args.rows, args.cols) for index in range(args.tensors)}
-    master_gb = args.tensors * args.rows * args.cols * 4 / 1e9
+    shapes = split_master_shapes(__doc__)
+    master_gb = float32_gb(shapes)
     print(f"checkpoint: float32 master {master_gb:.2f} GB, adam state {2 * master_gb:.2f} GB; {PROCESSES} processes")
     print(f"{'reading':<28}{'peak growth per process (GB)':>32}")
     growth = {}
     with tempfile.TemporaryDirectory(prefix="trl-es-resume-memory-") as folder:
         write_checkpoint(Path(folder), shapes)
         for reading, label in (("share", "share (TensorFiles)"), ("whole", "whole files (load_file)")):
-            growth[reading] = peak_growth(Path(folder), shapes, reading)
+            growth[reading] = peak_growth_per_process(resume, PROCESSES, Path(folder), shapes, reading)
             print(f"{label:<28}{', '.join(f'{value:.2f}' for value in growth[reading]):>32}")
     ratio = max(growth["share"]) / max(max(growth["whole"]), 1e-9)
     print(f"resume_share_memory_ratio (share / whole, the larger process of each): {ratio:.2f}")

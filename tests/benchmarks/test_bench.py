@@ -86,15 +86,25 @@ def test_the_token_reward_scores_any_vocabulary():
     assert even_token_fraction([[2, 3, 151000, 7], []]) == [0.5, 0.0]
 
 
-def test_the_resume_memory_benchmark_prints_both_readings_and_their_ratio():
-    script = REPO / "benchmarks" / "resume_share_memory.py"
-    run = subprocess.run([sys.executable, str(script), "--tensors", "4", "--rows", "64", "--cols", "64"],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+@pytest.mark.parametrize(
+    "script, variants, ratio",
+    [
+        ("resume_share_memory.py", ("share (TensorFiles)", "whole files (load_file)"), "resume_share_memory_ratio"),
+        (
+            "checkpoint_save_memory.py",
+            ("one tensor at a time (trl-es)", "gathered whole, then saved"),
+            "checkpoint_save_memory_ratio",
+        ),
+    ],
+    ids=["resume", "checkpoint_save"],
+)
+def test_a_split_master_memory_benchmark_prints_both_variants_and_their_ratio(script, variants, ratio):
+    command = [sys.executable, str(REPO / "benchmarks" / script), "--tensors", "4", "--rows", "64", "--cols", "64"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.splitlines()
-    assert any(line.startswith("share (TensorFiles)") for line in lines)
-    assert any(line.startswith("whole files (load_file)") for line in lines)
-    assert re.search(r"resume_share_memory_ratio \(share / whole.*\): \d+\.\d\d$", lines[-1])
+    assert all(any(line.startswith(variant) for line in lines) for variant in variants)
+    assert re.search(rf"{ratio} \(.* / .*\): \d+\.\d\d$", lines[-1])
 
 
 def test_the_released_model_memory_benchmark_prints_every_setting_and_its_ratios():
