@@ -30,8 +30,9 @@ from safetensors.torch import save_file  # noqa: E402
 from benchmarks.harness import float32_gb, peak_growth_per_process, resident_gb, split_master_shapes  # noqa: E402
 from trl_es.core.checkpoint import ES_STATE_DIR, save_es_state  # noqa: E402
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings  # noqa: E402
-from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
+from trl_es.core.sharded_master import ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import drain  # noqa: E402
+from trl_es.core.update_shards import EngineShards  # noqa: E402
 from trl_es.evaluation.metrics import StartingWeights  # noqa: E402
 
 PROCESSES = 2

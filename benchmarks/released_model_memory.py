@@ -39,8 +39,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from benchmarks.harness import run_on_processes  # noqa: E402
 from trl_es.backends.population import Population, evolving_parameters, release_model_weights  # noqa: E402
 from trl_es.core.released_weights import release, restore  # noqa: E402
-from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
+from trl_es.core.sharded_master import ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
+from trl_es.core.update_shards import EngineShards  # noqa: E402
 from trl_es.evaluation.coverage import completion_entropy  # noqa: E402
 from trl_es.evaluation.trainer_coverage import entropies_where_held  # noqa: E402
 

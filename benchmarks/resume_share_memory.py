@@ -26,8 +26,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from benchmarks.harness import float32_gb, peak_growth_per_process, resident_gb, split_master_shapes  # noqa: E402
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings  # noqa: E402
-from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights  # noqa: E402
+from trl_es.core.sharded_master import ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
+from trl_es.core.update_shards import EngineShards  # noqa: E402
 
 PROCESSES = 2
 ADAM = {"es_optimizer": "adam", "es_optimizer_updates": 1}

@@ -7,6 +7,7 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
+from scripts.traffic import record_traffic
 
 from benchmarks.harness import run_on_processes
 from trl_es.core.checkpoint import load_es_state, load_optimizer_state, save_es_state
@@ -15,8 +16,9 @@ from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import Member
 from trl_es.core.released_weights import release
-from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights
+from trl_es.core.sharded_master import ShardedMasterWeights
 from trl_es.core.tensor_files import TensorStream, drain
+from trl_es.core.update_shards import EngineShards
 
 COEFFICIENTS = {11: 0.7, 12: -0.3, 14: 1.25}
 SHAPES = {"embed.weight": (64, 16), "layer.0.weight": (16, 16), "layer.0.bias": (16,), "norm.weight": (16,)}
@@ -97,24 +99,10 @@ def test_a_non_finite_step_found_by_one_owner_stops_every_process():
 def _written_in_bfloat16(rank: int, world: int, results) -> None:
     shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
     master = _master(ShardedMasterWeights, shards=shards)
-    traffic = _record_traffic()
+    traffic = record_traffic()
     member = dict(master.perturbed(MEMBER, dtype=torch.bfloat16))
     centre = dict(master.centre(dtype=torch.bfloat16))
     results[rank] = dict(member=member, centre=centre, owned=set(master.tensors), traffic=traffic)
-
-
-def _record_traffic() -> list[tuple[str, torch.dtype]]:
-    """From now on, each broadcast, send and receive of this process (the real ones), and the dtype it carried."""
-    traffic = []
-    for kind in ("broadcast", "send", "recv"):
-        real = getattr(dist, kind)
-
-        def recorded(tensor, *args, real=real, kind=kind, **kwargs):
-            traffic.append((kind, tensor.dtype))
-            return real(tensor, *args, **kwargs)
-
-        setattr(dist, kind, recorded)
-    return traffic
 
 
 def test_a_split_master_sends_each_tensor_in_the_engines_dtype_with_the_bits_of_its_float32_value_cast():
@@ -141,7 +129,7 @@ def _centre_written(rank: int, world: int, offload: bool, results) -> None:
     if rank == 1:
         release(parameters)  # a process that saves no checkpoint keeps no model
     master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
-    traffic = _record_traffic()
+    traffic = record_traffic()
     master.write_centre_into(parameters)
     results[rank] = dict(parameters=parameters, traffic=traffic, owned=set(master.tensors))
 
@@ -167,7 +155,7 @@ def _checkpoint_written(rank: int, world: int, folder, results) -> None:
     master = _master(ShardedMasterWeights, shards=shards)
     master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)  # the adam state exists from the first update
     saves, alive = rank == 0, []
-    traffic = _record_traffic()
+    traffic = record_traffic()
     masters = _counting_alive(master.checkpoint_stream(SHAPES, keep=saves), set(master.tensors), alive)
     optimizer_state = _counting_alive(master.optimizer_stream(keep=saves), set(master.tensors), alive)
     if saves:

@@ -13,9 +13,9 @@ from trl_es.core.checkpoint import check_saved_tensors
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
-from trl_es.core.sharded_master import EngineShards, ShardedMasterWeights
+from trl_es.core.sharded_master import ShardedMasterWeights
 from trl_es.core.tensor_files import TensorFiles, TensorStream, read_master_share, write_safetensors
-from trl_es.core.update_shards import UpdateShards
+from trl_es.core.update_shards import EngineShards, UpdateShards
 
 SHAPES = {"embed.weight": (32, 8), "layer.0.weight": (8, 8), "layer.0.bias": (8,), "norm.weight": (8,)}
 NAMES = ["embed.weight", "layer.0.weight", "norm.weight"]  # evolving; layer.0.bias is frozen

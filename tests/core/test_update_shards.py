@@ -1,10 +1,11 @@
 """`UpdateShards` on real processes (gloo over 127.0.0.1): the shared update is bitwise the one-process update,
-and each process draws only its share of the noise."""
+each process draws only its share of the noise, and a checkpoint gets each tensor's optimizer state from its owner."""
 
 from collections import Counter
 
 import pytest
 import torch
+from scripts.traffic import record_traffic
 
 from benchmarks.harness import run_on_processes
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
@@ -87,3 +88,29 @@ def test_an_overflowing_shared_step_stops_every_process_with_the_same_error():
     for rank in range(2):
         for name, tensor in results[rank][0].items():
             assert torch.isfinite(tensor).all(), (rank, name)
+
+
+def _optimizer_state_saved(rank: int, world: int, results) -> None:
+    master, shards = _master(), UpdateShards(rank, world)
+    master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01, shards=shards)
+    traffic = record_traffic()
+    state = dict(master.optimizer_stream(shards, keep=rank == 0).tensors)  # what the process that saves writes
+    results[rank] = dict(state=state, traffic=traffic, owned=shards.owned(master.shapes, master.updated_names()))
+
+
+def test_a_checkpoint_gets_each_tensors_optimizer_state_from_its_owner_only_where_it_is_written():
+    alone = _master()
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+    expected = alone.optimizer.state_dict()
+
+    results = run_on_processes(_optimizer_state_saved, 2)
+
+    saved = results[0]["state"]
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[key], expected[key]) for key in expected)
+    assert results[1]["state"] == {}
+    # Rank 1 sends adam's two tensors of each tensor it owns to rank 0, point to point; nothing is broadcast (each
+    # process received the whole state before 2026-12-06).
+    sent = 2 * len(results[1]["owned"])
+    assert sent > 0
+    assert results[1]["traffic"] == [("send", torch.float32)] * sent
+    assert results[0]["traffic"] == [("recv", torch.float32)] * sent

@@ -29,8 +29,8 @@ from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSet
 from ..core.lowrank import LowRankMasterWeights
 from ..core.master import MasterWeights
 from ..core.released_weights import full_shape, is_released, release
-from ..core.sharded_master import EngineShards, ShardedMasterWeights
-from ..core.update_shards import UpdateShards
+from ..core.sharded_master import ShardedMasterWeights
+from ..core.update_shards import EngineShards, UpdateShards
 from .base import PopulationBackend
 from .hf import HFBackend, TokenIds
 from .hf_lowrank import HFLowRankBackend

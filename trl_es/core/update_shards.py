@@ -1,8 +1,11 @@
-"""Population-parallel ES's update, shared by the processes: each tensor's direction computed once, then broadcast.
+"""Which process owns each tensor: population-parallel ES's update, shared by the processes (each tensor's direction
+computed once, then broadcast), and the master split over a group of processes.
 
 Every process applies the same update. Drawing every member's noise of the whole model for it would be the same work
 on each process, so `UpdateShards` has each process compute the directions of a share of the tensors, exactly as one
-process would, and broadcasts them bit for bit.
+process would, and broadcasts them bit for bit. `EngineShards` deals the tensors the same way over a group (the
+processes of a tensor-parallel engine, or of a server run), whose owners keep each tensor's master, and moves each
+tensor from its owner to the processes that need it (a checkpoint's, also for `UpdateShards`' optimizer state).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
+
+from .tensor_files import TensorStream, discarded
 
 
 class UpdateShards:
@@ -63,25 +68,97 @@ class UpdateShards:
                 torch.distributed.broadcast(direction, src=owner)
             yield from zip(round_names, received, strict=True)
 
-    def gathered(
+    def owners(self, shapes: dict[str, torch.Size]) -> EngineShards:
+        """The owners of the tensors of `shapes` (those the update changes) as an [`EngineShards`] of the default
+        group: the same process owns each, so a tensor's `es_optimizer` state goes from there into a checkpoint."""
+        return EngineShards(torch.distributed.group.WORLD, shapes)
+
+
+class EngineShards:
+    """Which process of an engine's group owns each tensor's master, and the group's collectives. Dealt as
+    [`UpdateShards`] deals its rounds: the k-th smallest tensor to process k mod P.
+
+    Args:
+        group (`torch.distributed.ProcessGroup`): The processes that share the engine.
+        shapes (`dict[str, torch.Size]`): Every tensor of the master, in model order.
+    """
+
+    def __init__(self, group, shapes: dict[str, torch.Size]):
+        self.group = group
+        self.ranks = torch.distributed.get_process_group_ranks(group)  # global ranks, in group order
+        self.rank = torch.distributed.get_rank(group)
+        self.shapes = shapes
+        by_size = sorted(shapes, key=lambda name: shapes[name].numel())  # UpdateShards' rounds: owner k, k-th of each
+        self.owner = {name: index % len(self.ranks) for index, name in enumerate(by_size)}
+
+    def owns(self, name: str) -> bool:
+        return self.owner[name] == self.rank
+
+    def from_owner(
+        self, name: str, value: torch.Tensor | None, shape: torch.Size, device, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """Tensor `name` as its owner holds it (`value` there, in host memory or on `device`), on every process of
+        the group (of `shape`, on `device`; float32, or sent cast to `dtype`: a bf16 engine's tensors travel in half
+        the bytes, and the receivers get the bits they would have cast to)."""
+        tensor = value.to(device, dtype) if self.owns(name) else torch.empty(shape, dtype=dtype, device=device)
+        torch.distributed.broadcast(tensor, src=self.ranks[self.owner[name]], group=self.group)
+        return tensor
+
+    def to_receivers(
         self,
-        shapes: Mapping[str, torch.Size],
-        names: list[str],
-        state: dict[str, torch.Tensor],
-        suffixes: tuple,
-        device: torch.device,
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Per-tensor state kept by each tensor's owner (`state["<name>.<suffix>"]`, float32 of `shapes[name]`, in
-        host memory or on `device`), yielded on every process as `(key, tensor)` on `device`, one at a time.
-        Collective: every process iterates to the end."""
-        for round_names in self.rounds(shapes, names):
-            for owner, name in enumerate(round_names):
-                for key in (f"{name}.{suffix}" for suffix in suffixes):
-                    mine = owner == self.rank
-                    received = state[key].to(device) if mine else torch.empty(shapes[name], device=device)
-                    torch.distributed.broadcast(received, src=owner)
-                    yield key, received
-                    del received  # before the next is received: one tensor at a time
+        name: str,
+        value: torch.Tensor | None,
+        shape: torch.Size,
+        device,
+        dtype: torch.dtype,
+        receivers: list[int],
+    ) -> torch.Tensor | None:
+        """Tensor `name` from its owner (`value` there) to the processes of `receivers` (group ranks) only, point to
+        point, cast to `dtype`; returns it there (and on the owner if it is one of them), `None` elsewhere."""
+        owner = self.owner[name]
+        if self.rank != owner:
+            if self.rank not in receivers:
+                return None
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+            torch.distributed.recv(tensor, src=self.ranks[owner], group=self.group)
+            return tensor
+        others = [receiver for receiver in receivers if receiver != owner]
+        if not others and owner not in receivers:
+            return None  # nobody needs it: no copy to the accelerator, no cast
+        tensor = value.to(device, dtype)
+        for receiver in others:
+            torch.distributed.send(tensor, dst=self.ranks[receiver], group=self.group)
+        return tensor
+
+    def all_gather(self, value) -> list:
+        """Every process's `value`, in group order."""
+        return all_gather_objects(value, len(self.ranks), self.group)
+
+    def receivers(self, receives: bool) -> list[int]:
+        """The group ranks of the processes whose `receives` is true (collective)."""
+        return [rank for rank, received in enumerate(self.all_gather(receives)) if received]
+
+    def stream(
+        self,
+        entries: list[tuple[str, str]],
+        read: Callable[[str], torch.Tensor],
+        device,
+        keep: bool = True,
+    ) -> TensorStream:
+        """A [`TensorStream`] of `(key, tensor)` for each `(name, key)` of `entries` (float32, of tensor `name`'s
+        shape): each sent by the owner of `name` (`read(key)` there) to the processes that `keep` them, point to point,
+        as the stream is iterated (collective: the group iterates it to the end). What a checkpoint writes of a split
+        master, or of the `es_optimizer` state split between the processes that share the update."""
+        receivers = self.receivers(keep)
+
+        def tensors():
+            for name, key in entries:
+                value = read(key) if self.owns(name) else None
+                yield key, self.to_receivers(name, value, self.shapes[name], device, torch.float32, receivers)
+
+        if not keep:
+            return TensorStream({}, discarded(tensors()))
+        return TensorStream({key: (self.shapes[name], torch.float32) for name, key in entries}, tensors())
 
 
 def all_gather_objects(value, size: int, group=None) -> list:
