@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from benchmarks.harness import float32_gb, peak_growth_per_process, resident_gb, split_master_shapes  # noqa: E402
+from benchmarks.harness import float32_gb, peak_growth_of_variants, resident_gb, split_master_shapes  # noqa: E402
 from trl_es.core.checkpoint import ES_STATE_DIR, save_es_state  # noqa: E402
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings  # noqa: E402
 from trl_es.core.sharded_master import ShardedMasterWeights  # noqa: E402
@@ -71,11 +71,8 @@ def main():
     master_gb = float32_gb(shapes)
     print(f"ES state: float32 master {master_gb:.2f} GB, adam state {2 * master_gb:.2f} GB; {PROCESSES} processes")
     print(f"{'writing':<32}{'peak growth (GB): saves, sends':>34}")
-    growth = {}
     with tempfile.TemporaryDirectory(prefix="trl-es-save-memory-") as folder:
-        for writing, label in WRITINGS.items():
-            growth[writing] = peak_growth_per_process(save, PROCESSES, Path(folder), shapes, writing)
-            print(f"{label:<32}{', '.join(f'{value:.2f}' for value in growth[writing]):>34}")
+        growth = peak_growth_of_variants(save, PROCESSES, WRITINGS, Path(folder), shapes, widths=(32, 34))
     ratio = growth["streamed"][0] / max(growth["gathered"][0], 1e-9)
     print(f"checkpoint_save_memory_ratio (streamed / gathered, the process that saves): {ratio:.2f}")
 

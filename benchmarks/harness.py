@@ -202,11 +202,18 @@ def float32_gb(shapes: dict[str, tuple]) -> float:
     return sum(math.prod(shape) for shape in shapes.values()) * 4 / 1e9
 
 
-def peak_growth_per_process(worker, processes: int, *args) -> list[float]:
-    """What `worker` (run on `processes` gloo processes, see [`run_on_processes`]) reports, by rank: how far its peak
-    resident size rose, in GB."""
-    results = run_on_processes(worker, processes, *args)
-    return [results[rank] for rank in range(processes)]
+def peak_growth_of_variants(
+    worker, processes: int, variants: dict[str, str], *args, widths: tuple[int, int]
+) -> dict[str, list[float]]:
+    """Run `worker(rank, world, *args, variant, results)` on `processes` gloo processes (see [`run_on_processes`])
+    for each of `variants` (variant: label), and print a row for each: its label and, by rank, how far the worker
+    says the process's peak resident size rose (GB), in columns of `widths`. Returns those growths by variant."""
+    growth = {}
+    for variant, label in variants.items():
+        results = run_on_processes(worker, processes, *args, variant)
+        growth[variant] = [results[rank] for rank in range(processes)]
+        print(f"{label:<{widths[0]}}{', '.join(f'{value:.2f}' for value in growth[variant]):>{widths[1]}}")
+    return growth
 
 
 # --------------------------------------------------------------------------------------------------------------------

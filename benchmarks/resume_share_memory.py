@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from benchmarks.harness import float32_gb, peak_growth_per_process, resident_gb, split_master_shapes  # noqa: E402
+from benchmarks.harness import float32_gb, peak_growth_of_variants, resident_gb, split_master_shapes  # noqa: E402
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings  # noqa: E402
 from trl_es.core.sharded_master import ShardedMasterWeights  # noqa: E402
 from trl_es.core.tensor_files import TensorFiles  # noqa: E402
@@ -32,6 +32,7 @@ from trl_es.core.update_shards import EngineShards  # noqa: E402
 
 PROCESSES = 2
 ADAM = {"es_optimizer": "adam", "es_optimizer_updates": 1}
+READINGS = {"share": "share (TensorFiles)", "whole": "whole files (load_file)"}
 
 
 def write_checkpoint(folder: Path, shapes: dict[str, tuple]) -> None:
@@ -62,12 +63,9 @@ def main():
     master_gb = float32_gb(shapes)
     print(f"checkpoint: float32 master {master_gb:.2f} GB, adam state {2 * master_gb:.2f} GB; {PROCESSES} processes")
     print(f"{'reading':<28}{'peak growth per process (GB)':>32}")
-    growth = {}
     with tempfile.TemporaryDirectory(prefix="trl-es-resume-memory-") as folder:
         write_checkpoint(Path(folder), shapes)
-        for reading, label in (("share", "share (TensorFiles)"), ("whole", "whole files (load_file)")):
-            growth[reading] = peak_growth_per_process(resume, PROCESSES, Path(folder), shapes, reading)
-            print(f"{label:<28}{', '.join(f'{value:.2f}' for value in growth[reading]):>32}")
+        growth = peak_growth_of_variants(resume, PROCESSES, READINGS, Path(folder), shapes, widths=(28, 32))
     ratio = max(growth["share"]) / max(max(growth["whole"]), 1e-9)
     print(f"resume_share_memory_ratio (share / whole, the larger process of each): {ratio:.2f}")
 

@@ -253,11 +253,8 @@ class MasterWeights:
         over processes (every process iterates it to the end); `keep=False`: a process that writes nothing, whose
         stream yields nothing."""
         names = list(names) if keep else []
-        return TensorStream({name: (self.shapes[name], torch.float32) for name in names}, self._stored(names))
-
-    def _stored(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in names:
-            yield name, self.stored(name)
+        layout = {name: (self.shapes[name], torch.float32) for name in names}
+        return TensorStream(layout, ((name, self.stored(name)) for name in names))
 
     def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
         """Load the tensors of `saved` (a checkpoint's masters, read as they are asked for) that this master keeps;

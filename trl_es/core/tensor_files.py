@@ -153,12 +153,6 @@ def drain(stream: TensorStream) -> None:
     deque(stream.tensors, maxlen=0)
 
 
-def discarded(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields nothing, once iterated `tensors` to the end: the stream of a process that writes none of them."""
-    deque(tensors, maxlen=0)
-    yield from ()
-
-
 def write_safetensors(path: str | os.PathLike, stream: TensorStream) -> None:
     """Write `stream` to the safetensors file `path`, one tensor at a time: the header from `stream.layout`, then each
     tensor at its place as it arrives (in any order), moved to host memory there. Holds one tensor at a time.

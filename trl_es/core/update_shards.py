@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
-from .tensor_files import TensorStream, discarded
+from .tensor_files import TensorStream
 
 
 class UpdateShards:
@@ -154,11 +154,13 @@ class EngineShards:
         def tensors():
             for name, key in entries:
                 value = read(key) if self.owns(name) else None
-                yield key, self.to_receivers(name, value, self.shapes[name], device, torch.float32, receivers)
+                sent = self.to_receivers(name, value, self.shapes[name], device, torch.float32, receivers)
+                if keep:
+                    yield key, sent
+                del sent  # before the next is received: one tensor at a time
 
-        if not keep:
-            return TensorStream({}, discarded(tensors()))
-        return TensorStream({key: (self.shapes[name], torch.float32) for name, key in entries}, tensors())
+        layout = {key: (self.shapes[name], torch.float32) for name, key in entries} if keep else {}
+        return TensorStream(layout, tensors())
 
 
 def all_gather_objects(value, size: int, group=None) -> list:
