@@ -18,8 +18,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -106,18 +107,30 @@ def cached_job(folder: Path, compute: Callable[[], dict], threads: int | None = 
     cached = folder / "result.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
     started = time.time()
     folder.mkdir(parents=True, exist_ok=True)
-    result = compute()
+    with torch_threads(threads):
+        result = compute()
     result["runtime_s"] = time.time() - started
     result = json.loads(json.dumps(result))
     cached.write_text(json.dumps(result))
     gc.collect()
     return result
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """`count` torch threads inside (None: as they are), restored afterwards: a lab run inside another process (a
+    test, a notebook) leaves that process's thread count as it found it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_jobs(run_job: Callable, jobs: list, workers: int, tag: str, log=print) -> list[dict]:

@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny models and datasets built locally once per test session (nothing is downloaded); and the
-order of the modules that start a vLLM engine in this process (`pytest_collection_modifyitems`).
+"""Shared fixtures: tiny models and datasets built locally once per test session (nothing is downloaded); the
+order of the modules that start a vLLM engine in this process (`pytest_collection_modifyitems`); and a check that no
+test leaves torch's thread count changed for the tests after it.
 
 This folder is on `sys.path` (it has no `__init__.py`), so tests in every folder import `scripts.<helper>`."""
 
@@ -14,6 +15,7 @@ import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from scripts.fast_es import MOVING, fast_es_config  # noqa: E402
 
@@ -46,6 +48,19 @@ VLLM_ENGINE_MODULES = (
 def pytest_collection_modifyitems(items):
     last = {TESTS / module: rank for rank, module in enumerate(VLLM_ENGINE_MODULES)}
     items.sort(key=lambda item: last.get(Path(item.path).resolve(), -1))  # stable: the other tests keep their order
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """Every test runs in this one process: a test that leaves torch on fewer threads slows every later one (a lab run
+    in process once left the second half of the suite on one thread, unnoticed). The test fails, naming the change, and
+    the count is put back."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        left = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        pytest.fail(f"The test left torch on {left} threads, where it found {threads}: restore them when it ends.")
 
 
 @pytest.fixture(scope="session")

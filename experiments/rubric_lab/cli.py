@@ -19,6 +19,7 @@ from experiments.harness import (
     rewrite_report,
     run_jobs,
     seed_range,
+    torch_threads,
     write_results,
 )
 from experiments.rubric_lab.arms import lab_gates
@@ -35,12 +36,8 @@ def run_lab(
 ):  # fmt: skip
     """Train and measure every job (in this process, or in `workers` spawned ones; one torch thread and one judge
     each), write the results file, the plots and the report; returns the results."""
-    import torch
-
     started = time.time()
     machine = machine_info()
-    torch.set_num_threads(1)
-    gates = lab_gates(settings, work_dir, log)
     jobs = [
         Job(model, method, pretraining_seed, seed, str(work_dir), settings)
         for model in settings.models
@@ -49,7 +46,10 @@ def run_lab(
         for seed in settings.seeds
     ]
     unique = list({job.name: job for job in jobs}.values())  # the base model: one job for all training seeds
-    found = dict(zip((job.name for job in unique), run_jobs(run_job, unique, workers, "rubric-lab", log), strict=True))
+    with torch_threads(1):
+        gates = lab_gates(settings, work_dir, log)
+        outcomes = run_jobs(run_job, unique, workers, "rubric-lab", log)
+    found = dict(zip((job.name for job in unique), outcomes, strict=True))
     runs = {model: {method: {} for method in settings.methods} for model in settings.models}
     for job in jobs:
         runs[job.model][job.method][f"{job.pretraining_seed}/{job.seed}"] = found[job.name]

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 from scripts.paths import REPO
 
 from experiments.coverage_lab.cli import es_variant_settings, main, parse_args
@@ -15,7 +16,7 @@ from experiments.coverage_lab.comparisons import comparisons, goal
 from experiments.coverage_lab.report import render_markdown
 from experiments.coverage_lab.settings import METHODS, LabSettings, equal_seconds, quick_settings
 from experiments.coverage_lab.training import es_config
-from experiments.harness import load_average, spread
+from experiments.harness import cached_job, load_average, spread
 from trl_es.demo.run import DEMO
 
 
@@ -35,6 +36,17 @@ def test_a_budget_that_does_not_split_into_whole_steps_is_refused():
 def test_spread_gives_mean_std_and_values():
     assert spread([1.0, 3.0]) == {"mean": 2.0, "std": pytest.approx(2**0.5), "values": [1.0, 3.0]}
     assert spread([0.5])["std"] == 0.0
+
+
+def test_a_job_runs_on_its_threads_and_gives_the_process_its_own_back(tmp_path):
+    # A lab run inside a test once left the whole test session on one thread from there on.
+    threads = torch.get_num_threads()
+    result = cached_job(tmp_path / "job", lambda: {"threads": torch.get_num_threads()}, threads=threads + 1)
+    assert result["threads"] == threads + 1
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ZeroDivisionError):
+        cached_job(tmp_path / "failing", lambda: {"ratio": 1 / 0}, threads=threads + 1)
+    assert torch.get_num_threads() == threads
 
 
 def test_the_lab_runs_es_with_the_demos_settings(tmp_path):
