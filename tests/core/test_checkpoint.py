@@ -2,6 +2,8 @@
 the file is named, damaged checkpoints are skipped naming each, saved tensors must have the parameters' shapes and
 names, and ES state with a non-finite tensor is never written."""
 
+import json
+
 import pytest
 import torch
 from scripts.damaged_checkpoints import DAMAGES
@@ -9,6 +11,7 @@ from scripts.damaged_checkpoints import DAMAGES
 from trl_es.core.checkpoint import (
     check_saved_tensors,
     checkpoint_problem,
+    es_state_files,
     last_complete_checkpoint,
     load_es_state,
     save_es_state,
@@ -43,6 +46,19 @@ def test_loading_damaged_es_state_names_the_file(run_copy, damage):
     DAMAGES[damage](run_copy / "checkpoint-2")
     with pytest.raises(ValueError, match=r"Cannot resume from .*checkpoint-2: .*es_state"):
         load_es_state(run_copy / "checkpoint-2")
+
+
+def test_a_checkpoint_of_the_format_with_one_master_file_is_still_resumable(run_copy):
+    # Format 1 (before 2026-12-07) listed no files: es_state/ held one master file and one optimizer file.
+    state_dir = run_copy / "checkpoint-2" / "es_state"
+    metadata = json.loads((state_dir / "es_state.json").read_text())
+    assert (metadata["format_version"], metadata["master_files"]) == (2, ["master.safetensors"])
+    del metadata["master_files"], metadata["optimizer_files"]
+    (state_dir / "es_state.json").write_text(json.dumps({**metadata, "format_version": 1}))
+    assert checkpoint_problem(run_copy / "checkpoint-2") is None
+    files = ([state_dir / "master.safetensors"], [state_dir / "optimizer.safetensors"])
+    assert es_state_files(run_copy / "checkpoint-2") == files
+    assert load_es_state(run_copy / "checkpoint-2")[2]["global_step"] == 2
 
 
 def test_saved_tensors_must_have_the_parameters_shapes_and_names(tmp_path):

@@ -7,10 +7,11 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 from scripts.traffic import record_traffic
 
 from benchmarks.harness import run_on_processes
-from trl_es.core.checkpoint import load_es_state, load_optimizer_state, save_es_state
+from trl_es.core.checkpoint import load_es_state, load_optimizer_state, save_es_state, save_es_state_shares
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
@@ -203,3 +204,49 @@ def test_a_checkpoint_of_a_split_master_gets_each_tensor_from_its_owner_one_at_a
     # Rank 0 held one received tensor at a time: each was written and let go of before the next came (where the
     # stream was gathered whole, all of them were alive at the end).
     assert len(results[0]["alive"]) == 3 * len(SHAPES) and set(results[0]["alive"]) == {0}
+
+
+def _shares_written(rank: int, world: int, folder, non_finite_on: int | None, results) -> None:
+    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
+    master = _master(ShardedMasterWeights, shards=shards)
+    master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+    if rank == non_finite_on:
+        next(iter(master.tensors.values()))[0] = float("nan")  # as no update can leave it: the save's own check
+    saves = rank == 0
+    traffic = record_traffic()
+    masters = master.checkpoint_stream(SHAPES, keep=saves, own=True)
+    optimizer_state = master.optimizer_stream(keep=saves, own=True)
+    saver = dict(reference=dict(_parameters()), metadata={"global_step": 1}) if saves else {}
+    try:
+        save_es_state_shares(folder, rank, masters, optimizer_state, shards.all_gather, **saver)
+        error = None
+    except (NonFiniteError, RuntimeError) as raised:
+        error = f"{type(raised).__name__}: {raised}"
+    results[rank] = dict(traffic=traffic, owned=set(master.tensors), error=error)
+
+
+def test_each_owner_of_a_split_master_writes_its_own_share_of_a_checkpoint_and_nothing_travels(tmp_path):
+    alone = _master()
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+
+    results = run_on_processes(_shares_written, 2, tmp_path, None)
+
+    assert all(result["error"] is None and result["traffic"] == [] for result in results.values())
+    masters, _, metadata = load_es_state(tmp_path)
+    assert metadata["master_files"] == ["master.safetensors", "master-rank-1.safetensors"]
+    assert all(torch.equal(masters[name], alone.tensors[name]) for name in SHAPES) and len(masters) == len(SHAPES)
+    optimizer_state, expected = load_optimizer_state(tmp_path), alone.optimizer.state_dict()
+    assert optimizer_state.keys() == expected.keys()
+    assert all(torch.equal(optimizer_state[key], expected[key]) for key in expected)
+    for rank, file in enumerate(metadata["master_files"]):  # each file holds its writer's tensors, no other
+        assert set(load_file(tmp_path / "es_state" / file)) == results[rank]["owned"]
+
+
+@pytest.mark.parametrize("non_finite_on", [0, 1])
+def test_a_non_finite_share_stops_every_process_and_leaves_no_es_state(tmp_path, non_finite_on):
+    results = run_on_processes(_shares_written, 2, tmp_path, non_finite_on)
+
+    assert "NaN or infinite" in results[non_finite_on]["error"]
+    other = results[1 - non_finite_on]["error"]
+    assert other.startswith(f"NonFiniteError: Process {non_finite_on} could not write its share of the ES state")
+    assert not (tmp_path / "es_state").exists()

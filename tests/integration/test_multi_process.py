@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from scripts.es_state_files import saved_es_state, saved_shares
 from scripts.launch import launch
 from scripts.paths import SCRIPTS
 
@@ -131,9 +132,13 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
         restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
         assert restored.keys() == final.keys() and all(torch.equal(restored[k], final[k]) for k in final)
 
-    saved = load_file(tmp_path / "checkpoint-2" / "es_state" / "master.safetensors")  # the bf16 weights' masters
+    # The bf16 weights' masters and their adam state: each process wrote the share it owns, about half
+    shares = saved_shares(tmp_path / "checkpoint-2")
+    assert list(shares) == ["master.safetensors", "master-rank-1.safetensors"]
+    assert max(sum(t.numel() for t in share.values()) for share in shares.values()) < 0.6 * total
+    saved = saved_es_state(tmp_path / "checkpoint-2")
     assert sum(tensor.numel() for tensor in saved.values()) == total
-    adam = load_file(tmp_path / "checkpoint-2" / "es_state" / "optimizer.safetensors")
+    adam = saved_es_state(tmp_path / "checkpoint-2", "optimizer")
     assert sum(tensor.numel() for tensor in adam.values()) == 2 * total  # both moments of every tensor
     shutil.rmtree(tmp_path / "checkpoint-3")
     resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
@@ -154,7 +159,7 @@ def test_a_float32_tensor_parallel_run_resumes_each_share_of_its_master_from_the
     flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2]
     shared = launch(2, tiny_model_path, tmp_path, *flags)
     assert shared.returncode == 0, shared.stderr[-3000:]
-    assert load_file(tmp_path / "checkpoint-2" / "es_state" / "master.safetensors") == {}
+    assert saved_es_state(tmp_path / "checkpoint-2") == {}
     shutil.rmtree(tmp_path / "checkpoint-3")
     resumed = launch(2, tiny_model_path, tmp_path, *flags, "--resume_from", tmp_path / "checkpoint-2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -184,7 +189,7 @@ def test_a_tensor_parallel_run_loads_its_best_checkpoint_only_where_the_model_is
         restored = load_file(tmp_path / f"restored_rank{rank}.safetensors")
         assert all(torch.equal(restored[name], best[name]) for name in restored), rank
     master = load_file(tmp_path / "master.safetensors")  # gathered from both shares, each read from the best
-    saved = load_file(Path(state["best_model_checkpoint"]) / "es_state" / "master.safetensors")
+    saved = saved_es_state(Path(state["best_model_checkpoint"]))
     assert master.keys() == saved.keys() and all(torch.equal(master[name], saved[name]) for name in saved)
 
 
@@ -200,9 +205,11 @@ def test_two_processes_shard_the_adam_state_save_it_whole_and_resume_bitwise(tmp
     total = int((tmp_path / "one" / "optimizer_elements_rank0").read_text())
     held = [int((tmp_path / "two" / f"optimizer_elements_rank{rank}").read_text()) for rank in (0, 1)]
     assert sum(held) == total and max(held) < 0.75 * total, (held, total)
-    saved = "checkpoint-2/es_state/optimizer.safetensors"
-    single, double = load_file(tmp_path / "one" / saved), load_file(tmp_path / "two" / saved)
+    single, double = (saved_es_state(tmp_path / run / "checkpoint-2", "optimizer") for run in ("one", "two"))
     assert single.keys() == double.keys() and all(torch.equal(single[k], double[k]) for k in single)
+    # each process wrote the state of the tensors it owns, where one gathered all of it before
+    shares = saved_shares(tmp_path / "two" / "checkpoint-2", "optimizer")
+    assert [sum(t.numel() for t in share.values()) for share in shares.values()] == held
     assert sum(t.numel() for t in single.values()) == total
 
     resumed = launch(2, tiny_model_path, tmp_path / "two", *adam, "--resume_from", tmp_path / "two" / "checkpoint-2")

@@ -36,7 +36,7 @@ import torch
 from .._version import __version__
 from ..compat.vllm import served_model_path, worker_model, worker_tensor_parallel_group
 from ..compat.vllm_cpu import keep_plain_linear_weights_on_cpu
-from ..core.checkpoint import ES_STATE_DIR, MASTER_FILE, META_FILE, load_optimizer_state
+from ..core.checkpoint import ES_STATE_DIR, META_FILE, es_state_files, load_optimizer_state
 from ..core.consistency import engine_fingerprint, layout_free_stats
 from ..core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from ..core.master import MasterWeights
@@ -222,7 +222,7 @@ class ESWorkerExtension:
             )
         group = worker_tensor_parallel_group(self)
         shards = None if group is None else EngineShards(group, {name: weights.shapes[name] for name in names})
-        masters = TensorFiles([resumed / ES_STATE_DIR / MASTER_FILE]) if resumed is not None else None
+        masters = TensorFiles(es_state_files(resumed)[0]) if resumed is not None else None
         # A worker of a tensor-parallel engine reads only the tensors it owns (a 70B model on 8 workers: 1/8 each).
         evolving = read_master_share(weights, names, getattr(torch, trainer_dtype), shards, masters)
         previous = getattr(self, "_es_state", None)

@@ -3,6 +3,8 @@
 The Hugging Face weights in a checkpoint are `cast(master)`. For float32 parameters that is the master itself; for
 bf16/fp16 ones it is not, so their float32 master is saved beside them. The starting weights (in their original dtype,
 hence exact) are saved too, so that the parameter shift logged after a resume is still measured from the run's start.
+Where the master or the `es_optimizer` state is split between processes, each writes its own share to a file of its
+own (`save_es_state_shares`), and `es_state.json`, written last, lists every file.
 
 Nothing non-finite is written, and nothing is resumed from without being checked: `checkpoint_problem` says why a
 checkpoint cannot be resumed (a file cut off by a crash or a full disk, a missing ES state), `last_complete_checkpoint`
@@ -16,7 +18,7 @@ import os
 import shutil
 import warnings
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -33,7 +35,11 @@ SCHEDULER_FILE = "scheduler.pt"  # the Trainer's, beside its optimizer state
 REFERENCE_FILE = "reference.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"  # the state of `ESConfig.es_optimizer` (empty for plain ES)
 META_FILE = "es_state.json"
-FORMAT_VERSION = 1
+# 2: `es_state.json` lists the master and optimizer files (each owner of a split master writes its own share);
+# format 1 had one of each, `MASTER_FILE` and `OPTIMIZER_FILE` (written before 2026-12-07, still read).
+FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (1, 2)
+SHARES = ("master", "optimizer")  # what each process writes of its share: its `<kind>_files` in es_state.json
 TRAINER_STATE_FILE = "trainer_state.json"
 # The weight files a Trainer checkpoint holds, one of: a single file, a sharded index, a PEFT adapter (safetensors).
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
@@ -56,20 +62,82 @@ def save_es_state(
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        write_safetensors(
-            state_dir / MASTER_FILE, _finite(master, f"The ES master tensors to be written to {checkpoint_dir}")
-        )
+        _write_share(state_dir, MASTER_FILE, master, OPTIMIZER_FILE, optimizer_state, every=True)
         write_safetensors(state_dir / REFERENCE_FILE, TensorStream.of(reference))
-        write_safetensors(
-            state_dir / OPTIMIZER_FILE,
-            _finite(optimizer_state, f"The es_optimizer state to be written to {checkpoint_dir}"),
-        )
     except NonFiniteError:
         drain(master)
         drain(optimizer_state)
         shutil.rmtree(state_dir)
         raise
-    (state_dir / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **metadata}, indent=2))
+    _write_metadata(state_dir, metadata, [MASTER_FILE], [OPTIMIZER_FILE])
+
+
+def save_es_state_shares(
+    checkpoint_dir: str | os.PathLike,
+    rank: int,
+    master: TensorStream,
+    optimizer_state: TensorStream,
+    all_gather: Callable[[object], list],
+    reference: Mapping[str, torch.Tensor] | None = None,
+    metadata: dict | None = None,
+) -> None:
+    """Write the ES state into `checkpoint_dir/es_state/` from every process at once (collective): each writes its
+    own share of the master and of the `es_optimizer` state (`master`, `optimizer_state`: the tensors it owns), and
+    the process that saves (the one given `reference` and `metadata`) also writes the starting weights, then, once
+    every share is written, the metadata file listing every share's file. Nothing travels between processes, and
+    the writes go on side by side: where one process wrote a whole 70B master (280 GB), eight write 35 GB each. The
+    folder must be one that every process writes to (a shared filesystem across nodes, as the Trainer's own
+    per-process files need).
+
+    If any process fails (a `NonFiniteError`, a full disk), every process raises once all are done: the failing one
+    its own error, the others an error naming it; the process that saves removes the ES state, so the checkpoint has
+    none and a resume skips it."""
+    saves = metadata is not None
+    state_dir = Path(checkpoint_dir) / ES_STATE_DIR
+    state_dir.mkdir(parents=True, exist_ok=True)
+    names = (MASTER_FILE, OPTIMIZER_FILE) if saves else tuple(f"{kind}-rank-{rank}.safetensors" for kind in SHARES)
+    written, error = ([], []), None
+    try:
+        written = _write_share(state_dir, names[0], master, names[1], optimizer_state, every=saves)
+        if saves:
+            write_safetensors(state_dir / REFERENCE_FILE, TensorStream.of(reference))
+    except Exception as raised:  # every process hears of it before any goes on
+        error = raised
+    outcomes = all_gather((written, None if error is None else f"{type(error).__name__}: {error}"))
+    failed = [(process, problem) for process, (_, problem) in enumerate(outcomes) if problem is not None]
+    if failed and saves:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    if error is not None:
+        raise error
+    if failed:
+        process, problem = failed[0]
+        kind = NonFiniteError if problem.startswith(f"{NonFiniteError.__name__}:") else RuntimeError
+        raise kind(f"Process {process} could not write its share of the ES state to {checkpoint_dir}: {problem}")
+    if saves:
+        master_files, optimizer_files = ([file for files, _ in outcomes for file in files[kind]] for kind in (0, 1))
+        _write_metadata(state_dir, metadata, master_files, optimizer_files)
+
+
+def _write_share(
+    state_dir: Path, master_file: str, master: TensorStream, optimizer_file: str, optimizer: TensorStream, every: bool
+) -> tuple[list[str], list[str]]:
+    """Write `master` and `optimizer` (each tensor checked for non-finite values as it comes) to their files in
+    `state_dir`; an empty stream is written only with `every`. Returns the names of the master and optimizer files
+    written."""
+    written = ([], [])
+    for kind, (file, stream, what) in enumerate(
+        ((master_file, master, "ES master tensors"), (optimizer_file, optimizer, "es_optimizer state"))
+    ):
+        if every or stream.layout:
+            write_safetensors(state_dir / file, _finite(stream, f"The {what} to be written to {state_dir.parent}"))
+            written[kind].append(file)
+    return written
+
+
+def _write_metadata(state_dir: Path, metadata: dict, master_files: list[str], optimizer_files: list[str]) -> None:
+    """`es_state.json`, written last: its presence says the ES state is complete."""
+    listed = {"master_files": master_files, "optimizer_files": optimizer_files}
+    (state_dir / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **metadata, **listed}, indent=2))
 
 
 def _finite(stream: TensorStream, what: str) -> TensorStream:
@@ -105,14 +173,25 @@ def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, Tenso
     metadata = json.loads((state_dir / META_FILE).read_text())
     reference = TensorFiles([state_dir / REFERENCE_FILE])
     check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
-    return TensorFiles([state_dir / MASTER_FILE]), reference, metadata
+    return TensorFiles(es_state_files(checkpoint_dir)[0]), reference, metadata
 
 
 def load_optimizer_state(checkpoint_dir: str | os.PathLike) -> Mapping[str, torch.Tensor]:
     """The `es_optimizer` state tensors of a checkpoint (none where it was written before the optimizer existed), read
     tensor by tensor when asked for: a process keeps the state of the tensors it owns only."""
-    path = Path(checkpoint_dir) / ES_STATE_DIR / OPTIMIZER_FILE
-    return TensorFiles([path]) if path.is_file() else {}
+    return TensorFiles(es_state_files(checkpoint_dir)[1])
+
+
+def es_state_files(checkpoint_dir: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """The master files and the `es_optimizer` state files of a checkpoint's complete ES state: those its
+    `es_state.json` lists (one per process that wrote a share), or, in format 1, `MASTER_FILE` and `OPTIMIZER_FILE`
+    (absent from checkpoints written before the optimizer existed)."""
+    state_dir = Path(checkpoint_dir) / ES_STATE_DIR
+    metadata = json.loads((state_dir / META_FILE).read_text())
+    if metadata.get("format_version") == 1:
+        optimizer = [OPTIMIZER_FILE] if (state_dir / OPTIMIZER_FILE).is_file() else []
+        return [state_dir / MASTER_FILE], [state_dir / file for file in optimizer]
+    return tuple([state_dir / file for file in metadata[f"{kind}_files"]] for kind in SHARES)
 
 
 def check_saved_tensors(
@@ -265,20 +344,29 @@ def _model_files_problem(path: Path) -> str | None:
     return None
 
 
+def _is_share_file_name(name: object) -> bool:
+    return isinstance(name, str) and name == Path(name).name and name.endswith(".safetensors") and name[0] != "."
+
+
 def _es_state_problem(state_dir: Path) -> str | None:
     problem = _json_problem(state_dir / META_FILE, "the save did not finish")
     if problem is not None:
         return problem
-    version = json.loads((state_dir / META_FILE).read_text()).get("format_version")
-    if version != FORMAT_VERSION:
+    metadata = json.loads((state_dir / META_FILE).read_text())
+    version = metadata.get("format_version")
+    if version not in READ_FORMAT_VERSIONS:
         return (
-            f"{state_dir / META_FILE} holds ES state format {version}, but this trl-es reads format {FORMAT_VERSION}; "
-            "resume it with the trl-es version that wrote it"
+            f"{state_dir / META_FILE} holds ES state format {version}, but this trl-es reads formats "
+            f"{', '.join(map(str, READ_FORMAT_VERSIONS))}; resume it with the trl-es version that wrote it"
         )
-    for file in (MASTER_FILE, REFERENCE_FILE):
-        problem = _safetensors_problem(state_dir / file)
+    for kind in SHARES if version != 1 else ():
+        listed = metadata.get(f"{kind}_files")
+        # Plain names of files in es_state/: a server reads them, and must not be led out of its checkpoint folder.
+        if not isinstance(listed, list) or not all(map(_is_share_file_name, listed)):
+            return f"{state_dir / META_FILE} lists its {kind} files as {listed!r}, not as file names in {state_dir}"
+    master_files, optimizer_files = es_state_files(state_dir.parent)
+    for path in (*master_files, state_dir / REFERENCE_FILE, *optimizer_files):
+        problem = _safetensors_problem(path)
         if problem is not None:
             return problem
-    if (state_dir / OPTIMIZER_FILE).exists():  # absent from checkpoints written before it existed
-        return _safetensors_problem(state_dir / OPTIMIZER_FILE)
     return None

@@ -212,10 +212,13 @@ class MasterWeights:
         """The whole `es_optimizer` state, gathered (see [`optimizer_stream`]; collective with `shards`)."""
         return dict(self.optimizer_stream(shards).tensors)
 
-    def optimizer_stream(self, shards: UpdateShards | None = None, keep: bool = True) -> TensorStream:
+    def optimizer_stream(
+        self, shards: UpdateShards | None = None, keep: bool = True, own: bool = False
+    ) -> TensorStream:
         """The whole `es_optimizer` state as a checkpoint writes it, one tensor at a time: with `shards`, each sent by
         its owner to the processes that `keep` it (collective: every process iterates it to the end; with
-        `keep=False` it yields nothing)."""
+        `keep=False` it yields nothing), or with `own` the state each owner keeps, which it writes itself (see
+        [`EngineShards.stream`])."""
         state = self.optimizer.state_dict()
         suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
         if shards is None or not suffixes or self.optimizer.updates == 0:
@@ -223,7 +226,7 @@ class MasterWeights:
         names = self.updated_names()
         entries = [(name, f"{name}.{suffix}") for name in names for suffix in suffixes]
         owners = shards.owners({name: self.shapes[name] for name in names})
-        return owners.stream(entries, state.__getitem__, self.device, keep)
+        return owners.stream(entries, state.__getitem__, self.device, keep, own)
 
     def digests(self) -> tuple[str, str]:
         """The whole master's `master_digest` and its `es_optimizer`'s `optimizer_digest` (collective where the master
@@ -247,11 +250,12 @@ class MasterWeights:
         """Every tensor of the master, gathered (see [`checkpoint_stream`]; collective where the master is split)."""
         return dict(self.checkpoint_stream(self.names(), keep).tensors)
 
-    def checkpoint_stream(self, names: Iterable[str], keep: bool = True) -> TensorStream:
+    def checkpoint_stream(self, names: Iterable[str], keep: bool = True, own: bool = False) -> TensorStream:
         """The master's tensors `names` (float32) as a checkpoint writes them, one at a time as the writer asks for
         each ([`write_safetensors`]): nothing is gathered beside the master. Collective where the master is split
-        over processes (every process iterates it to the end); `keep=False`: a process that writes nothing, whose
-        stream yields nothing."""
+        over processes (every process iterates it to the end; with `own`, each owner writes its own tensors instead);
+        `keep=False`: a process that writes nothing, whose stream yields nothing. A whole master is written by the
+        process that keeps it, `own` or not."""
         names = list(names) if keep else []
         layout = {name: (self.shapes[name], torch.float32) for name in names}
         return TensorStream(layout, ((name, self.stored(name)) for name in names))

@@ -113,14 +113,14 @@ class ShardedMasterWeights(MasterWeights):
         # Every key is checked.
         self._restore_optimizer(tensors, metadata, self.full_shapes, set(self.tensors), self.shards.all_gather)
 
-    def optimizer_stream(self, shards=None, keep: bool = True) -> TensorStream:
-        """The whole `es_optimizer` state, each tensor's from its owner to the processes that `keep` it (collective;
-        see [`checkpoint_stream`])."""
+    def optimizer_stream(self, shards=None, keep: bool = True, own: bool = False) -> TensorStream:
+        """The whole `es_optimizer` state, each tensor's from its owner to the processes that `keep` it, or with `own`
+        each owner's to itself (collective; see [`checkpoint_stream`])."""
         suffixes = STATE_SUFFIXES[self.optimizer.settings.name]
         if not suffixes or self.optimizer.updates == 0:  # no state yet: it is created by the first update
             return TensorStream.of({})
         entries = [(name, f"{name}.{suffix}") for name in self.full_shapes for suffix in suffixes]
-        return self.shards.stream(entries, self.optimizer.state_dict().__getitem__, self.device, keep)
+        return self.shards.stream(entries, self.optimizer.state_dict().__getitem__, self.device, keep, own)
 
     def digests(self) -> tuple[str, str]:
         """As [`MasterWeights.digests`], from the per-tensor digests of every owner (collective): no tensor travels."""
@@ -129,11 +129,12 @@ class ShardedMasterWeights(MasterWeights):
         state = {key: digest for _, part in parts for key, digest in part.items()}
         return combined_digest(tensors), optimizer_digest(self.optimizer, state)
 
-    def checkpoint_stream(self, names, keep: bool = True) -> TensorStream:
+    def checkpoint_stream(self, names, keep: bool = True, own: bool = False) -> TensorStream:
         """As [`MasterWeights.checkpoint_stream`], each tensor sent by its owner to the processes that `keep` it, point
-        to point, when the writer asks for it (collective). Until 2026-12-06 every tensor was broadcast to the group
-        and gathered whole on the accelerator of the process that saves: a 70B master is 280 GB."""
-        return self.shards.stream([(name, name) for name in names], self.stored, self.device, keep)
+        to point, when the writer asks for it (collective); with `own`, where the group holds a process that keeps
+        them, each owner's own tensors, which it writes itself. Until 2026-12-06 every tensor was broadcast to the
+        group and gathered whole on the accelerator of the process that saves: a 70B master is 280 GB."""
+        return self.shards.stream([(name, name) for name in names], self.stored, self.device, keep, own)
 
     def load_saved(self, saved: Mapping[str, torch.Tensor]) -> None:
         """As [`MasterWeights.load_saved`], but collective whatever `saved` holds: another process of the group may

@@ -144,12 +144,20 @@ class EngineShards:
         read: Callable[[str], torch.Tensor],
         device,
         keep: bool = True,
+        own: bool = False,
     ) -> TensorStream:
         """A [`TensorStream`] of `(key, tensor)` for each `(name, key)` of `entries` (float32, of tensor `name`'s
         shape): each sent by the owner of `name` (`read(key)` there) to the processes that `keep` them, point to point,
         as the stream is iterated (collective: the group iterates it to the end). What a checkpoint writes of a split
-        master, or of the `es_optimizer` state split between the processes that share the update."""
+        master, or of the `es_optimizer` state split between the processes that share the update.
+
+        With `own`, nothing travels: where a process of the group keeps them, each owner's stream is the entries it
+        owns, which it writes itself (`keep` says which process saves; the others' streams are empty)."""
         receivers = self.receivers(keep)
+        if own:
+            owned = [(name, key) for name, key in entries if receivers and self.owns(name)]
+            layout = {key: (self.shapes[name], torch.float32) for name, key in owned}
+            return TensorStream(layout, ((key, read(key).to(torch.float32)) for _, key in owned))
 
         def tensors():
             for name, key in entries:

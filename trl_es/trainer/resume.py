@@ -4,6 +4,7 @@ checked against the model and the settings."""
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections import ChainMap
@@ -16,7 +17,6 @@ from torch import Tensor
 
 from ..core.checkpoint import (
     ES_STATE_DIR,
-    MASTER_FILE,
     REFERENCE_FILE,
     check_saved_tensors,
     checkpoint_problem,
@@ -26,8 +26,10 @@ from ..core.checkpoint import (
     load_es_state,
     load_optimizer_state,
     save_es_state,
+    save_es_state_shares,
 )
 from ..core.tensor_files import drain
+from ..core.update_shards import all_gather_objects
 from ..evaluation.metrics import StartingWeights
 from .divergence import StepCounters
 from .run_settings import changed_run_settings, run_settings
@@ -66,10 +68,20 @@ def save_run_state(
     """Write a checkpoint's `es_state/` where `should_save`: the float32 master of the parameters the model rounds,
     the starting weights, the whole `es_optimizer` state and `metadata` (see `run_metadata`). Every process calls it:
     with `shard_update` each holds the `es_optimizer` state of the tensors it owns, and the processes of a
-    tensor-parallel engine each hold a share of the master."""
+    tensor-parallel engine each hold a share of the master. Where one process of several saves (the Trainer's
+    default), each owner writes its own share beside the others ([`save_es_state_shares`]); where several save
+    (`save_on_each_node`, each on its node's disk), every share is sent to each of them."""
     master = population.master
     # A float32 parameter is its own master, saved with the model's weights: only the others' masters are written.
     rounded = [name for name, param in population.parameters.items() if param.dtype != torch.float32]
+    if _one_of_several_saves(should_save):
+        masters = master.checkpoint_stream(rounded, keep=should_save, own=True)
+        optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save, own=True)
+        saver = {"reference": reference, "metadata": {**metadata, **master.optimizer.metadata()}}
+        gather = functools.partial(all_gather_objects, size=torch.distributed.get_world_size())
+        rank = torch.distributed.get_rank()
+        save_es_state_shares(output_dir, rank, masters, optimizer_state, gather, **(saver if should_save else {}))
+        return
     masters = master.checkpoint_stream(rounded, keep=should_save)
     optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save)
     if not should_save:  # its part in gathering them (where the master or the optimizer state is split)
@@ -78,6 +90,14 @@ def save_run_state(
         return
     metadata = {**metadata, **master.optimizer.metadata()}
     save_es_state(output_dir, masters, reference, metadata, optimizer_state)
+
+
+def _one_of_several_saves(should_save: bool) -> bool:
+    """Whether this process is one of several of which exactly one saves (collective over them)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_world_size() == 1:
+        return False
+    return sum(all_gather_objects(should_save, torch.distributed.get_world_size())) == 1
 
 
 def run_metadata(global_step: int, counters: StepCounters, reward_names: list[str], args) -> dict:
@@ -122,7 +142,7 @@ class ResumedRun:
         lossy_masters, reference, metadata = load_es_state(checkpoint)
         _warn_about_changed_settings(checkpoint, metadata, args, reward_names)
         state_dir = Path(checkpoint) / ES_STATE_DIR
-        check_saved_tensors(state_dir / MASTER_FILE, lossy_masters, parameters)
+        check_saved_tensors(f"the master files of {state_dir}", lossy_masters, parameters)
         check_saved_tensors(state_dir / REFERENCE_FILE, reference, parameters, complete=True)
         # The model already holds the checkpoint's weights: they are the master wherever they are float32. Where the
         # model now rounds them (a float32 run resumed in bf16), or did not load them, the master comes from the
