@@ -19,7 +19,7 @@ from trl_es.core.noise import Member
 from trl_es.core.released_weights import release
 from trl_es.core.sharded_master import ShardedMasterWeights
 from trl_es.core.tensor_files import TensorStream, drain
-from trl_es.core.update_shards import EngineShards
+from trl_es.core.update_shards import EngineShards, UpdateShards
 
 COEFFICIENTS = {11: 0.7, 12: -0.3, 14: 1.25}
 SHAPES = {"embed.weight": (64, 16), "layer.0.weight": (16, 16), "layer.0.bias": (16,), "norm.weight": (16,)}
@@ -207,7 +207,9 @@ def test_a_checkpoint_of_a_split_master_gets_each_tensor_from_its_owner_one_at_a
 
 
 def _shares_written(rank: int, world: int, folder, non_finite_on: int | None, results) -> None:
-    shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in SHAPES.items()})
+    # Engine groups of two processes (one group where world is 2), each holding the whole master split between them
+    groups = [dist.new_group([first, first + 1]) for first in range(0, world, 2)]
+    shards = EngineShards(groups[rank // 2], {name: torch.Size(shape) for name, shape in SHAPES.items()})
     master = _master(ShardedMasterWeights, shards=shards)
     master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
     if rank == non_finite_on:
@@ -218,7 +220,7 @@ def _shares_written(rank: int, world: int, folder, non_finite_on: int | None, re
     optimizer_state = master.optimizer_stream(keep=saves, own=True)
     saver = dict(reference=dict(_parameters()), metadata={"global_step": 1}) if saves else {}
     try:
-        save_es_state_shares(folder, rank, masters, optimizer_state, shards.all_gather, **saver)
+        save_es_state_shares(folder, rank, masters, optimizer_state, UpdateShards(rank, world).all_gather, **saver)
         error = None
     except (NonFiniteError, RuntimeError) as raised:
         error = f"{type(raised).__name__}: {raised}"
@@ -250,3 +252,18 @@ def test_a_non_finite_share_stops_every_process_and_leaves_no_es_state(tmp_path,
     other = results[1 - non_finite_on]["error"]
     assert other.startswith(f"NonFiniteError: Process {non_finite_on} could not write its share of the ES state")
     assert not (tmp_path / "es_state").exists()
+
+
+def test_with_several_engine_groups_only_the_group_of_the_process_that_saves_writes_the_master(tmp_path):
+    alone = _master()
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+
+    run_on_processes(_shares_written, 4, tmp_path, None)
+
+    masters, _, metadata = load_es_state(tmp_path)
+    assert metadata["master_files"] == ["master.safetensors", "master-rank-1.safetensors"]
+    assert metadata["optimizer_files"] == ["optimizer.safetensors", "optimizer-rank-1.safetensors"]
+    assert all(torch.equal(masters[name], alone.tensors[name]) for name in SHAPES) and len(masters) == len(SHAPES)
+    written = sorted(path.name for path in (tmp_path / "es_state").iterdir())  # nothing from processes 2 and 3
+    assert written == ["es_state.json", "master-rank-1.safetensors", "master.safetensors",
+                       "optimizer-rank-1.safetensors", "optimizer.safetensors", "reference.safetensors"]  # fmt: skip
