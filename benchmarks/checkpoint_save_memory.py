@@ -45,22 +45,33 @@ WRITINGS = {
 
 
 def save(rank: int, world: int, folder: Path, shapes: dict[str, tuple], writing: str, results) -> None:
+    master, reference = split_master(rank, shapes)
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the present size
+    before = resident_gb("VmRSS")
+    write(rank, master, reference, folder / writing, writing)
+    results[rank] = resident_gb("VmHWM") - before
+
+
+def split_master(rank: int, shapes: dict[str, tuple]) -> tuple[ShardedMasterWeights, StartingWeights | None]:
+    """A float32 master of `shapes` split between the processes, after one adam update (its state exists from the
+    first), and, on process 0, the starting weights in a file."""
     parameters = {name: torch.full(shape, 0.5, dtype=torch.bfloat16) for name, shape in shapes.items()}
     shards = EngineShards(dist.group.WORLD, {name: torch.Size(shape) for name, shape in shapes.items()})
     master = ShardedMasterWeights(parameters, 0.1, shards, device="cpu")
     master.optimizer = DirectionOptimizer(DirectionOptimizerSettings("adam"))
-    master.apply_update({1: 1.0}, lr=1e-3)  # the adam state exists from the first update
-    reference = StartingWeights.write(parameters) if rank == 0 else None  # the starting weights, in a file
-    del parameters  # what the benchmark built: the model is the trainer's, in memory before and after
-    output = folder / writing
-    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the present size
-    before = resident_gb("VmRSS")
+    master.apply_update({1: 1.0}, lr=1e-3)
+    # The bf16 parameters go with this call: the trainer's model, in memory before and after a save alike
+    return master, StartingWeights.write(parameters) if rank == 0 else None
+
+
+def write(rank: int, master: ShardedMasterWeights, reference: StartingWeights | None, output: Path, writing: str):
+    """Write (or send) this process's part of the ES state into `output` in one of the `WRITINGS`; process 0 saves."""
     own = writing == "shares"
     masters = master.checkpoint_stream(master.names(), keep=rank == 0, own=own)
     optimizer_state = master.optimizer_stream(keep=rank == 0, own=own)
     if own:
         saver = dict(reference=reference, metadata={"global_step": 1}) if rank == 0 else {}
-        save_es_state_shares(output, rank, masters, optimizer_state, shards.all_gather, **saver)
+        save_es_state_shares(output, rank, masters, optimizer_state, master.shards.all_gather, **saver)
     elif rank != 0:
         drain(masters)
         drain(optimizer_state)
@@ -72,7 +83,6 @@ def save(rank: int, world: int, folder: Path, shapes: dict[str, tuple], writing:
         (output / ES_STATE_DIR).mkdir(parents=True)
         for name, tensors in gathered.items():
             save_file(tensors, output / ES_STATE_DIR / f"{name}.safetensors")
-    results[rank] = resident_gb("VmHWM") - before
 
 
 def main():

@@ -95,10 +95,15 @@ def test_the_token_reward_scores_any_vocabulary():
             ("each owner its share (trl-es)", "sent one at a time (on each node)", "gathered whole, then saved"),
             "checkpoint_save_memory_ratio",
         ),
+        (
+            "checkpoint_write_time.py",
+            ("each owner its share (trl-es)", "sent one at a time (on each node)"),
+            "checkpoint_write_time_ratio",
+        ),
     ],
-    ids=["resume", "checkpoint_save"],
+    ids=["resume", "checkpoint_save", "checkpoint_write_time"],
 )
-def test_a_split_master_memory_benchmark_prints_every_variant_and_the_ratio(script, variants, ratio):
+def test_a_split_master_benchmark_prints_every_variant_and_the_ratio(script, variants, ratio):
     command = [sys.executable, str(REPO / "benchmarks" / script), "--tensors", "4", "--rows", "64", "--cols", "64"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
