@@ -18,9 +18,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -107,6 +106,8 @@ def cached_job(folder: Path, compute: Callable[[], dict], threads: int | None = 
     cached = folder / "result.json"
     if cached.is_file():
         return json.loads(cached.read_text())
+    from trl_es.demo.pretrain import torch_threads  # torch only where a job runs: `--report` does without it
+
     started = time.time()
     folder.mkdir(parents=True, exist_ok=True)
     with torch_threads(threads):
@@ -116,21 +117,6 @@ def cached_job(folder: Path, compute: Callable[[], dict], threads: int | None = 
     cached.write_text(json.dumps(result))
     gc.collect()
     return result
-
-
-@contextmanager
-def torch_threads(count: int | None) -> Iterator[None]:
-    """`count` torch threads inside (None: as they are), restored afterwards: a lab run inside another process (a
-    test, a notebook) leaves that process's thread count as it found it."""
-    import torch
-
-    threads = torch.get_num_threads()
-    if count:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_jobs(run_job: Callable, jobs: list, workers: int, tag: str, log=print) -> list[dict]:

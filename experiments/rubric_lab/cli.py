@@ -19,7 +19,6 @@ from experiments.harness import (
     rewrite_report,
     run_jobs,
     seed_range,
-    torch_threads,
     write_results,
 )
 from experiments.rubric_lab.arms import lab_gates
@@ -28,6 +27,7 @@ from experiments.rubric_lab.measuring import summarize
 from experiments.rubric_lab.report import write_report
 from experiments.rubric_lab.settings import METHODS, MODELS, RubricLabSettings, quick_settings
 from experiments.rubric_lab.stats import lab_intervals
+from trl_es.demo.pretrain import torch_threads
 
 
 def run_lab(

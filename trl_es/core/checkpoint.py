@@ -173,7 +173,7 @@ def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, Tenso
     metadata = json.loads((state_dir / META_FILE).read_text())
     reference = TensorFiles([state_dir / REFERENCE_FILE])
     check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
-    return TensorFiles(es_state_files(checkpoint_dir)[0]), reference, metadata
+    return TensorFiles(_listed_files(state_dir, metadata)[0]), reference, metadata
 
 
 def load_optimizer_state(checkpoint_dir: str | os.PathLike) -> Mapping[str, torch.Tensor]:
@@ -187,7 +187,11 @@ def es_state_files(checkpoint_dir: str | os.PathLike) -> tuple[list[Path], list[
     `es_state.json` lists (one per process that wrote a share), or, in format 1, `MASTER_FILE` and `OPTIMIZER_FILE`
     (absent from checkpoints written before the optimizer existed)."""
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
-    metadata = json.loads((state_dir / META_FILE).read_text())
+    return _listed_files(state_dir, json.loads((state_dir / META_FILE).read_text()))
+
+
+def _listed_files(state_dir: Path, metadata: dict) -> tuple[list[Path], list[Path]]:
+    """`es_state_files`, from the checkpoint's `es_state.json` already read (`metadata`)."""
     if metadata.get("format_version") == 1:
         optimizer = [OPTIMIZER_FILE] if (state_dir / OPTIMIZER_FILE).is_file() else []
         return [state_dir / MASTER_FILE], [state_dir / file for file in optimizer]
@@ -364,7 +368,7 @@ def _es_state_problem(state_dir: Path) -> str | None:
         # Plain names of files in es_state/: a server reads them, and must not be led out of its checkpoint folder.
         if not isinstance(listed, list) or not all(map(_is_share_file_name, listed)):
             return f"{state_dir / META_FILE} lists its {kind} files as {listed!r}, not as file names in {state_dir}"
-    master_files, optimizer_files = es_state_files(state_dir.parent)
+    master_files, optimizer_files = _listed_files(state_dir, metadata)
     for path in (*master_files, state_dir / REFERENCE_FILE, *optimizer_files):
         problem = _safetensors_problem(path)
         if problem is not None:

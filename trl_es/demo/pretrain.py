@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,10 +71,13 @@ def masked_batch(examples: list[tuple[list[int], list[int]]], pad_token_id: int)
 
 
 @contextmanager
-def one_thread():
-    """One CPU thread (a fixed reduction order: the same weights on every run), restored afterwards."""
+def torch_threads(count: int | None) -> Iterator[None]:
+    """`count` torch threads inside (None: as they are), restored afterwards, also on an error: pretraining runs on
+    one (a fixed reduction order: the same weights on every run), and a lab run inside another process (a test, a
+    notebook) leaves that process's thread count as it found it."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if count:
+        torch.set_num_threads(count)
     try:
         yield
     finally:
@@ -104,7 +108,7 @@ def train_supervised(
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     model.train()
-    with one_thread():
+    with torch_threads(1):
         for step in range(max_steps):
             start = (step * batch_size) % (len(examples) - batch_size)
             loss = model(**make_batch(examples[start : start + batch_size], pad_token_id)).loss

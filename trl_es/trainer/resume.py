@@ -74,11 +74,13 @@ def save_run_state(
     master = population.master
     # A float32 parameter is its own master, saved with the model's weights: only the others' masters are written.
     rounded = [name for name, param in population.parameters.items() if param.dtype != torch.float32]
-    if _one_of_several_saves(should_save):
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    world = torch.distributed.get_world_size() if distributed else 1
+    gather = functools.partial(all_gather_objects, size=world)
+    if world > 1 and sum(gather(should_save)) == 1:  # one process of several saves: each writes its own share
         masters = master.checkpoint_stream(rounded, keep=should_save, own=True)
         optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save, own=True)
         saver = {"reference": reference, "metadata": {**metadata, **master.optimizer.metadata()}}
-        gather = functools.partial(all_gather_objects, size=torch.distributed.get_world_size())
         rank = torch.distributed.get_rank()
         save_es_state_shares(output_dir, rank, masters, optimizer_state, gather, **(saver if should_save else {}))
         return
@@ -90,14 +92,6 @@ def save_run_state(
         return
     metadata = {**metadata, **master.optimizer.metadata()}
     save_es_state(output_dir, masters, reference, metadata, optimizer_state)
-
-
-def _one_of_several_saves(should_save: bool) -> bool:
-    """Whether this process is one of several of which exactly one saves (collective over them)."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not distributed or torch.distributed.get_world_size() == 1:
-        return False
-    return sum(all_gather_objects(should_save, torch.distributed.get_world_size())) == 1
 
 
 def run_metadata(global_step: int, counters: StepCounters, reward_names: list[str], args) -> dict:
