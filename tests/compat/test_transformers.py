@@ -11,6 +11,7 @@ from transformers import Trainer
 from trl_es.compat.transformers import (
     TrainerHooks,
     _UploadsIgnoring,
+    saved_by_every_saver,
     set_flag_help,
     uploads_ignoring,
     with_patterns,
@@ -104,6 +105,31 @@ def test_a_push_leaves_out_the_pickled_arguments_and_the_logs_unless_asked(tmp_p
         hooks = TrainerHooks()
         hooks.args = ESConfig(str(tmp_path), hub_push_logs=hub_push_logs)
         assert list(filter_repo_objects(files, ignore_patterns=hooks.hub_ignore_patterns())) == pushed
+
+
+def test_save_pretrained_still_asks_the_model_whether_this_rank_writes():
+    """`saved_by_every_saver` answers that question for the model; if transformers decides elsewhere, the checkpoints
+    of every machine but the first lose their weights again under `save_on_each_node`."""
+    from transformers import PreTrainedModel
+
+    assert callable(getattr(PreTrainedModel, "should_save_on_this_rank", None)), (
+        f"{TRANSFORMERS} has no PreTrainedModel.should_save_on_this_rank; update saved_by_every_saver"
+    )
+    source = inspect.getsource(PreTrainedModel.save_pretrained)
+    assert "self.should_save_on_this_rank(is_main_process)" in source, (
+        f"{TRANSFORMERS}'s save_pretrained no longer asks should_save_on_this_rank; update saved_by_every_saver"
+    )
+
+
+def test_within_saved_by_every_saver_a_saving_process_writes_whatever_its_global_rank(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with saved_by_every_saver(model, saves=True):
+        assert model.should_save_on_this_rank(True) and not model.should_save_on_this_rank(False)
+    assert "should_save_on_this_rank" not in vars(model)  # the class's own answer again
+    with saved_by_every_saver(model, saves=False):  # a process that does not save changes nothing
+        assert "should_save_on_this_rank" not in vars(model)
 
 
 def test_set_flag_help_replaces_the_help_an_hf_argument_parser_took_from_a_field():

@@ -13,12 +13,12 @@ the elements of its evolving weights it holds as `train()` returns, `trained_mod
 `model_elements_rank<R>`; where processes release the model (vLLM engines or servers, several processes),
 the evolving weights each rank holds once `restore_model_weights` gave back what it released,
 `restored_rank<R>.safetensors`, and how many times the trainer gave them back before that, `given_back_rank<R>`);
---save_steps writes checkpoints, and --resume_from continues one (each rank writes whether its model held the
-checkpoint's weights as training began, `loaded_rank<R>`); --load_best evaluates and saves every step and
-loads the best checkpoint at the end (`load_best_model_at_end`). With --vllm_servers URLS the members generate in
-`trl-es vllm-serve` servers (`vllm_mode="server"`, several URLs comma-separated, shared out between the processes);
---kill_server_group G makes the last rank SIGKILL process group G during step 1 (after its generation, before its
-update).
+--save_steps writes checkpoints (--save_on_each_node: the main process of each machine writes them), and --resume_from
+continues one (each rank writes whether its model held the checkpoint's weights as training began, `loaded_rank<R>`);
+--load_best evaluates and saves every step and loads the best checkpoint at the end (`load_best_model_at_end`). With
+--vllm_servers URLS the members generate in `trl-es vllm-serve` servers (`vllm_mode="server"`, several URLs
+comma-separated, shared out between the processes); --kill_server_group G makes the last rank SIGKILL process group G
+during step 1 (after its generation, before its update).
 """
 
 import argparse
@@ -127,6 +127,7 @@ def main():
     parser.add_argument("--es_optimizer", default="sgd")
     parser.add_argument("--dtype", default="float32", help="The model's dtype (bfloat16: a float32 master beside it).")
     parser.add_argument("--save_steps", type=int, default=None)
+    parser.add_argument("--save_on_each_node", action="store_true", help="With --save_steps: a saver on each machine.")
     parser.add_argument("--resume_from", default=None)
     parser.add_argument("--vllm_servers", default=None, help="Generate in these trl-es vllm-serve servers.")
     parser.add_argument("--secret_file", default=None, help="The servers' control secret.")
@@ -154,6 +155,7 @@ def main():
         es_optimizer=cli.es_optimizer,
         model_init_kwargs={"dtype": cli.dtype},
         **({"save_strategy": "steps", "save_steps": cli.save_steps} if cli.save_steps else {}),
+        save_on_each_node=cli.save_on_each_node,
         **(BEST if cli.load_best else {}),
         **({"eval_ks": [2]} if cli.evaluate else {}),  # coverage: its entropies run the model where it is held
         **MOVING,

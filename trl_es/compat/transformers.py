@@ -5,7 +5,7 @@ each checkpoint, reading it back on resume, choosing what a resume loads into th
 before `load_best_model_at_end` loads into it, and leaving files out of its pushes to the Hub. Its private methods
 (and the `HfApi` its pushes upload through) are the hooks; [`TrainerHooks`] overrides them and calls methods with
 public names instead. It also gives the wrapped sampler its epoch where the Trainer's own call misses it
-([`SamplerEpochs`]).
+([`SamplerEpochs`]), and lets every process that saves write the model's weights ([`saved_by_every_saver`]).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ PRIVATE_NAMES = {
         "transformers.trainer.hf_api (what Trainer.push_to_hub and _push_from_checkpoint upload with)"
     ],
     "set_flag_help": ["argparse.ArgumentParser._actions (the flags an HfArgumentParser made of its dataclasses)"],
+    "saved_by_every_saver": ["PreTrainedModel.should_save_on_this_rank (what save_pretrained asks before writing)"],
 }
 
 # What Trainer writes into `output_dir`: its pickled arguments (also in every checkpoint), and the TensorBoard logs
@@ -168,6 +169,26 @@ def with_patterns(given: list[str] | str | None, more: list[str]) -> list[str]:
     (`upload_folder` appends to the list it is given)."""
     given = [given] if isinstance(given, str) else list(given or ())
     return [*given, *(pattern for pattern in more if pattern not in given)]
+
+
+@contextmanager
+def saved_by_every_saver(model, saves: bool) -> Iterator[None]:
+    """Within this context `model.save_pretrained` writes the weights wherever the Trainer saves (`saves`: its
+    `args.should_save`).
+
+    Once torch.distributed is initialized, transformers' `save_pretrained` writes only on global rank 0
+    (`should_save_on_this_rank`), whatever the Trainer decided: with `save_on_each_node`, the checkpoints of every
+    other machine got the tokenizer and the ES state but no model weights, and a resume there was refused. This gives
+    the model an instance attribute of that name that keeps only `save_pretrained`'s own `is_main_process`, and removes
+    it on exit."""
+    if not saves:
+        yield
+        return
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        yield
+    finally:
+        del model.should_save_on_this_rank
 
 
 def set_flag_help(parser, dest: str, help_text: str) -> None:

@@ -29,7 +29,7 @@ from ..backends.population import Population, engine_setup, evolving_parameters
 from ..backends.sampling import SamplingSettings
 from ..compat.accelerate import prepare_without_ddp
 from ..compat.deepspeed import release_process_groups
-from ..compat.transformers import TrainerHooks
+from ..compat.transformers import TrainerHooks, saved_by_every_saver
 from ..compat.trl import (
     TrainerTags,
     completion_table,
@@ -489,12 +489,14 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """As [`~transformers.Trainer.save_model`] (also how every checkpoint writes its weights), but weights holding
-        NaN or infinity are refused with a `NonFiniteError` before anything is written."""
+        NaN or infinity are refused with a `NonFiniteError` before anything is written, and with `save_on_each_node`
+        every machine's checkpoint gets the weights (transformers writes them on global rank 0 only)."""
         model = self.accelerator.unwrap_model(self.model)
         check_finite_tensors(
             dict(model.named_parameters()), f"The weights to be saved to {output_dir or self.args.output_dir}"
         )
-        super().save_model(output_dir, _internal_call)
+        with saved_by_every_saver(model, self.args.should_save):  # every machine's, with `save_on_each_node`
+            super().save_model(output_dir, _internal_call)
 
     def save_extra_state(self, output_dir: str) -> None:
         """Each checkpoint's `es_state/`, written before `trainer_state.json` (which the Trainer writes last): a
