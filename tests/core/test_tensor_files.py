@@ -1,7 +1,12 @@
 """`TensorFiles` and the shares read through it: what a vLLM server's worker reads at `es_init`, and what a resumed
 process reads of a checkpoint's master and `es_optimizer` state. A process that keeps a share (a worker of a
 tensor-parallel engine, here one of two gloo processes; a process with `shard_update`) reads that share only. And
-`write_safetensors`, which writes a checkpoint's ES state one tensor at a time, as the tensors come."""
+`write_safetensors`, which writes a checkpoint's ES state one tensor at a time, as the tensors come, and
+`SafetensorsFile.write_to`, which gives every checkpoint of a run the one file of its starting weights."""
+
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +19,13 @@ from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimiz
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
 from trl_es.core.sharded_master import ShardedMasterWeights
-from trl_es.core.tensor_files import TensorFiles, TensorStream, read_master_share, write_safetensors
+from trl_es.core.tensor_files import (
+    SafetensorsFile,
+    TensorFiles,
+    TensorStream,
+    read_master_share,
+    write_safetensors,
+)
 from trl_es.core.update_shards import EngineShards, UpdateShards
 
 SHAPES = {"embed.weight": (32, 8), "layer.0.weight": (8, 8), "layer.0.bias": (8,), "norm.weight": (8,)}
@@ -252,3 +263,57 @@ def test_a_stream_that_does_not_match_its_layout_is_an_error_naming_the_tensor_a
     with pytest.raises(ValueError, match=error):
         write_safetensors(tmp_path / "state.safetensors", TensorStream(layout, iter(arrivals)))
     assert not (tmp_path / "state.safetensors").exists()
+
+
+def _starting_weights(folder: Path) -> tuple[SafetensorsFile, dict]:
+    tensors = {"embed.weight": torch.randn(32, 8).bfloat16(), "norm.weight": torch.ones(8)}
+    save_file(tensors, folder / "starting.safetensors")
+    return SafetensorsFile(folder / "starting.safetensors"), tensors
+
+
+def _equal(path: Path, tensors: dict) -> bool:
+    written = load_file(path)
+    return written.keys() == tensors.keys() and all(torch.equal(written[k], tensors[k]) for k in tensors)
+
+
+def test_every_checkpoint_of_a_run_links_the_one_file_of_its_starting_weights(tmp_path):
+    weights, tensors = _starting_weights(tmp_path)
+    copies = [tmp_path / f"checkpoint-{step}" / "reference.safetensors" for step in (1, 2, 3)]
+    for copy in copies:
+        copy.parent.mkdir()
+        weights.write_to(copy)
+    inodes = {os.stat(path).st_ino for path in [weights.path, *copies]}
+    assert len(inodes) == 1 and os.stat(weights.path).st_nlink == 4  # one file on disk, four names
+    assert all(_equal(copy, tensors) for copy in copies)
+    assert weights.copies == []  # nothing was written
+
+
+def test_where_no_link_can_be_made_the_starting_weights_are_written_once_and_later_checkpoints_link_that_copy(
+    tmp_path,
+):
+    """The starting weights of a run live in a temporary file (`TMPDIR`), often on another filesystem than the
+    checkpoints: the first checkpoint writes a copy, the next ones link it, and one deleted since is passed over."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other_filesystem:  # tmpfs: no hard link to tmp_path
+        weights, tensors = _starting_weights(Path(other_filesystem))
+        first, second, third = (tmp_path / f"checkpoint-{step}" / "reference.safetensors" for step in (1, 2, 3))
+        for copy in (first, second):
+            copy.parent.mkdir()
+            weights.write_to(copy)
+        assert os.stat(first).st_ino != os.stat(weights.path).st_ino  # written: another filesystem
+        assert os.stat(second).st_ino == os.stat(first).st_ino and weights.copies == [first]
+        for path in (first, second):  # both deleted, as save_total_limit rotates them
+            path.unlink()
+        third.parent.mkdir()
+        weights.write_to(third)
+        assert weights.copies == [first, third] and _equal(third, tensors)
+
+
+def test_writing_over_a_linked_file_replaces_it_and_leaves_the_other_checkpoints_starting_weights_whole(tmp_path):
+    weights, tensors = _starting_weights(tmp_path)
+    linked = tmp_path / "reference.safetensors"
+    weights.write_to(linked)
+    other = {"a": torch.zeros(3)}
+    write_safetensors(linked, TensorStream.of(other))  # a folder written again: never through the shared file
+    assert _equal(linked, other) and _equal(weights.path, tensors)
+    weights.write_to(linked)  # and the weights again over it
+    assert os.stat(linked).st_ino == os.stat(weights.path).st_ino

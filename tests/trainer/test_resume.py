@@ -116,6 +116,23 @@ def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_mod
     assert metadata["global_step"] == 2 and metadata["population_size"] == 4
 
 
+def test_the_checkpoints_of_a_run_share_one_file_of_its_starting_weights_and_a_resume_writing_one_again_spoils_none(
+    tiny_model_path, prompts, make_config
+):
+    config = resumable_config(make_config, model_init_kwargs={"dtype": "bfloat16"})
+    ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
+    references = [
+        Path(config.output_dir) / f"checkpoint-{step}" / "es_state" / "reference.safetensors" for step in (2, 4)
+    ]
+    assert references[0].stat().st_ino == references[1].stat().st_ino  # written once: linked, not rewritten
+    start = weights(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16))
+
+    resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
+    resumed.train(resume_from_checkpoint=str(references[0].parents[1]))  # writes checkpoint-4 again
+    for reference in references:
+        assert_bitwise_equal(load_file(reference), start)
+
+
 def test_resume_true_skips_a_half_written_checkpoint(tiny_model_path, prompts, make_config):
     config = resumable_config(make_config, max_steps=2, save_steps=1)
     ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()

@@ -27,7 +27,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .guards import NonFiniteError, check_finite_tensors
 from .released_weights import full_shape
-from .tensor_files import TensorFiles, TensorStream, drain, shapes_and_dtypes, write_safetensors
+from .tensor_files import SafetensorsFile, TensorFiles, TensorStream, drain, shapes_and_dtypes, write_safetensors
 
 ES_STATE_DIR = "es_state"
 MASTER_FILE = "master.safetensors"
@@ -63,7 +63,7 @@ def save_es_state(
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
         _write_share(state_dir, MASTER_FILE, master, OPTIMIZER_FILE, optimizer_state, every=True)
-        write_safetensors(state_dir / REFERENCE_FILE, TensorStream.of(reference))
+        write_reference(state_dir / REFERENCE_FILE, reference)
     except NonFiniteError:
         drain(master)
         drain(optimizer_state)
@@ -100,7 +100,7 @@ def save_es_state_shares(
     try:
         written = _write_share(state_dir, names[0], master, names[1], optimizer_state, every=saves)
         if saves:
-            write_safetensors(state_dir / REFERENCE_FILE, TensorStream.of(reference))
+            write_reference(state_dir / REFERENCE_FILE, reference)
     except Exception as raised:  # every process hears of it before any goes on
         error = raised
     outcomes = all_gather((written, None if error is None else f"{type(error).__name__}: {error}"))
@@ -116,6 +116,15 @@ def save_es_state_shares(
     if saves:
         master_files, optimizer_files = ([file for files, _ in outcomes for file in files[kind]] for kind in (0, 1))
         _write_metadata(state_dir, metadata, master_files, optimizer_files)
+
+
+def write_reference(path: Path, reference: Mapping[str, torch.Tensor]) -> None:
+    """The run's starting weights at `path`: linked to a file that already holds them where `reference` is kept in
+    one ([`SafetensorsFile.write_to`]: every checkpoint of a run shares one file on disk), else written."""
+    if isinstance(reference, SafetensorsFile):
+        reference.write_to(path)
+    else:
+        write_safetensors(path, TensorStream.of(reference))
 
 
 def _write_share(
