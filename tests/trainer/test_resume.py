@@ -5,6 +5,7 @@ is named (a changed learning_rate says that the saved schedule wins)."""
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -116,19 +117,29 @@ def test_checkpoint_is_hugging_face_format_with_es_state_without_pickle(tiny_mod
     assert metadata["global_step"] == 2 and metadata["population_size"] == 4
 
 
+@pytest.mark.parametrize("temporary_files", ["beside the checkpoints", "on another filesystem"])
 def test_the_checkpoints_of_a_run_share_one_file_of_its_starting_weights_and_a_resume_writing_one_again_spoils_none(
-    tiny_model_path, prompts, make_config
+    tiny_model_path, prompts, make_config, monkeypatch, request, tmp_path, temporary_files
 ):
+    """The run keeps its starting weights in a temporary file (`TMPDIR`): every checkpoint links it, or, where
+    `TMPDIR` is on another filesystem (here tmpfs), the first checkpoint's copy. A resumed run links its
+    checkpoint's."""
+    folder = str(tmp_path)
+    if temporary_files == "on another filesystem":
+        folder = tempfile.mkdtemp(dir="/dev/shm")
+        request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    monkeypatch.setattr(tempfile, "tempdir", folder)
     config = resumable_config(make_config, model_init_kwargs={"dtype": "bfloat16"})
     ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts).train()
     references = [
         Path(config.output_dir) / f"checkpoint-{step}" / "es_state" / "reference.safetensors" for step in (2, 4)
     ]
-    assert references[0].stat().st_ino == references[1].stat().st_ino  # written once: linked, not rewritten
+    assert references[0].stat().st_ino == references[1].stat().st_ino  # written once at most: linked, not rewritten
     start = weights(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16))
 
     resumed = ESTrainer(model=tiny_model_path, reward_funcs=digit_fraction, args=config, train_dataset=prompts)
     resumed.train(resume_from_checkpoint=str(references[0].parents[1]))  # writes checkpoint-4 again
+    assert references[0].stat().st_ino == references[1].stat().st_ino
     for reference in references:
         assert_bitwise_equal(load_file(reference), start)
 

@@ -161,7 +161,7 @@ def _finite(stream: TensorStream, what: str) -> TensorStream:
     return TensorStream(stream.layout, checked())
 
 
-def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, TensorFiles, dict]:
+def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, SafetensorsFile, dict]:
     """Read `(float32 masters of non-float32 parameters, reference weights, metadata)` from a checkpoint; a file that
     does not parse is a `ValueError` naming it. Tensors are read one at a time when asked for: a process that keeps a
     share of the master reads only that (the master checks each for non-finite values as it loads it), and the
@@ -180,7 +180,7 @@ def load_es_state(checkpoint_dir: str | os.PathLike) -> tuple[TensorFiles, Tenso
             "`resume_from_checkpoint=True` to pick the last complete one."
         )
     metadata = json.loads((state_dir / META_FILE).read_text())
-    reference = TensorFiles([state_dir / REFERENCE_FILE])
+    reference = SafetensorsFile(state_dir / REFERENCE_FILE)
     check_finite_tensors(reference, f"The tensors of {state_dir / REFERENCE_FILE}")
     return TensorFiles(_listed_files(state_dir, metadata)[0]), reference, metadata
 

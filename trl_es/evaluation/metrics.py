@@ -89,7 +89,7 @@ class StartingWeights(SafetensorsFile):
     the dtype they were written in): the run's starting weights, for `es/param_distance` and checkpoints.
 
     Writing and reading go through plain file I/O, tensor by tensor, so neither ever holds more than one tensor (nor
-    maps the file into the process). Use [`StartingWeights.write`] to create one.
+    maps the file into the process). Use [`StartingWeights.write`] or [`StartingWeights.resumed`] to create one.
     """
 
     @classmethod
@@ -97,14 +97,33 @@ class StartingWeights(SafetensorsFile):
         """Write `tensors` (any device) to `path` as safetensors, one tensor at a time. Without `path`, the file is a
         new temporary one (under `TMPDIR`), removed when the returned object is garbage-collected."""
         owned = path is None
-        if owned:
-            handle, path = tempfile.mkstemp(prefix="trl-es-starting-weights-", suffix=".safetensors")
-            os.close(handle)
+        path = _temporary_file() if owned else path
         write_safetensors(path, TensorStream.of(tensors))
+        return cls._of(path, owned)
+
+    @classmethod
+    def resumed(cls, saved: SafetensorsFile) -> StartingWeights:
+        """The starting weights a resumed checkpoint holds in `saved`, in a temporary file of the run's own (a
+        checkpoint may be deleted during the run): a hard link to `saved` where `TMPDIR` is on its filesystem, else
+        a copy. The checkpoints the run writes link `saved` first, so they rewrite nothing where they can."""
+        path = _temporary_file()
+        saved.write_to(path)
+        weights = cls._of(path, owned=True)
+        weights.copies.append(saved.path)  # the file they were linked or copied from
+        return weights
+
+    @classmethod
+    def _of(cls, path: str | os.PathLike, owned: bool) -> StartingWeights:
         weights = cls(path)
         if owned:
             weakref.finalize(weights, _remove_file, str(path))
         return weights
+
+
+def _temporary_file() -> str:
+    handle, path = tempfile.mkstemp(prefix="trl-es-starting-weights-", suffix=".safetensors")
+    os.close(handle)
+    return path
 
 
 def _remove_file(path: str) -> None:

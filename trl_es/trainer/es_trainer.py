@@ -523,7 +523,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         )
         self._population = None
         self._resumed = resumed  # a vLLM server rebuilds its master from the same files
-        self._reference = StartingWeights.write(resumed.reference) if self.args.should_save else None
+        self._reference = StartingWeights.resumed(resumed.reference) if self.args.should_save else None
         self._counters = resumed.counters
         self._noise_scale = NoiseScale.resumed(self.args, resumed.metadata)
 

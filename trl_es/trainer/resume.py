@@ -28,7 +28,7 @@ from ..core.checkpoint import (
     save_es_state,
     save_es_state_shares,
 )
-from ..core.tensor_files import drain
+from ..core.tensor_files import SafetensorsFile, drain
 from ..core.update_shards import all_gather_objects
 from ..evaluation.metrics import StartingWeights
 from .divergence import StepCounters
@@ -115,7 +115,7 @@ class ResumedRun:
 
     checkpoint: str
     lossy_masters: Mapping[str, torch.Tensor]
-    reference: Mapping[str, torch.Tensor]
+    reference: SafetensorsFile  # the checkpoint's starting weights
     counters: StepCounters
     optimizer_state: Mapping[str, torch.Tensor]
     metadata: dict  # es_state.json: the run settings, and the optimizer's number of updates
