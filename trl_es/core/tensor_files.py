@@ -72,7 +72,7 @@ class SafetensorsFile(StoredTensors):
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.copies: list[Path] = []  # the files `write_to` wrote: bitwise this one
+        self.copies: list[Path] = []  # other files that hold these tensors (those `write_to` wrote), to link
         with open(self.path, "rb") as file:
             header_size = int.from_bytes(file.read(8), "little")
             header = json.loads(file.read(header_size))
