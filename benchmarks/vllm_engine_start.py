@@ -35,14 +35,10 @@ RATIO = "vllm_engine_start_ratio"
 
 def start_engine(spec: dict) -> None:
     """Worker: build the engine, time it, shut it down, reply with the seconds."""
-    from trl.trainer.utils import ensure_master_addr_port
-
+    from benchmarks.sections.colocate_memory import prepare_one_process_engine
     from trl_es.compat.vllm import in_process_engine
-    from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu
 
-    keep_plain_linear_weights_on_cpu()  # as ES before its engine loads (vLLM-CPU only)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # as TRL sets them for a one-process run
-    ensure_master_addr_port()
+    prepare_one_process_engine()
     started = time.perf_counter()
     with in_process_engine(model=spec["model"], max_model_len=512, max_num_seqs=4, seed=0,
                            distributed_executor_backend="external_launcher", enforce_eager=spec["eager"]):  # fmt: skip

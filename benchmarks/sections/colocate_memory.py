@@ -172,12 +172,10 @@ def es_process(spec: dict, args, memory: PeakMemory) -> dict:
 def engine_process(spec: dict, args, memory: PeakMemory) -> dict:
     """The engine ES's trainer would build, alone, generating an ES step's N calls of B rows with its sampling."""
     from transformers import AutoTokenizer
-    from trl.trainer.utils import ensure_master_addr_port
     from vllm import SamplingParams
 
     from trl_es.backends.sampling import SamplingSettings, row_seeds
     from trl_es.compat.vllm import in_process_engine
-    from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu
     from trl_es.core.noise import sampling_seed
     from trl_es.testing import digit_prompts
     from trl_es.trainer.rollouts import tokenize_prompts
@@ -186,9 +184,7 @@ def engine_process(spec: dict, args, memory: PeakMemory) -> dict:
     prompt_ids = tokenize_prompts(tokenizer, list(digit_prompts(spec["batch_size"])["prompt"]))
     sampling = SamplingSettings.from_config(args)
     seeds = row_seeds(sampling_seed(args.seed, 0), len(prompt_ids))
-    keep_plain_linear_weights_on_cpu()  # as ES before its engine loads (vLLM-CPU only)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # as TRL sets them for a one-process run
-    ensure_master_addr_port()
+    prepare_one_process_engine()
     with in_process_engine(**trl_colocate_engine_arguments(args, spec["model"])) as llm:
         engine = engine_settings(llm)
         built = memory.current()
@@ -198,6 +194,18 @@ def engine_process(spec: dict, args, memory: PeakMemory) -> dict:
             llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         peak = memory.peak()
     return {"peak_bytes": peak, "built_bytes": built, "peak_reset": memory.peak_was_reset, "engine": engine}
+
+
+def prepare_one_process_engine() -> None:
+    """This process as ES and TRL leave it before a one-process run's colocated engine loads: vLLM-CPU's plain Linear
+    weights (vLLM-CPU only), and the rank variables and rendezvous address TRL sets."""
+    from trl.trainer.utils import ensure_master_addr_port
+
+    from trl_es.compat.vllm_cpu import keep_plain_linear_weights_on_cpu
+
+    keep_plain_linear_weights_on_cpu()
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    ensure_master_addr_port()
 
 
 def trl_colocate_engine_arguments(args, model: str) -> dict:
