@@ -124,3 +124,18 @@ def test_the_released_model_memory_benchmark_prints_every_setting_and_its_ratios
     assert any(line.startswith("rank 0 measures every rank's") for line in lines)
     assert any(re.search(r"released_model_evaluation_ratio \(holders measure.*\): \d+\.\d\d$", x) for x in lines)
     assert re.search(r"released_model_memory_ratio \(releases / keeps.*\): \d+\.\d\d$", lines[-1])
+
+
+def test_the_master_memory_benchmark_finds_no_float32_copy_of_the_tensor_beside_the_drawn_noise():
+    # The noise is drawn whole: a member holds its 4 bytes per element (and the 2 of its bfloat16 cast), an update 8
+    # (the direction and one member's noise); the rest is done a slice of 1M elements at a time. Before 2026-12-07
+    # the compensated master's update held 27 bytes per element, its member 12 and its centre 12 (this benchmark).
+    script = REPO / "benchmarks" / "master_memory.py"
+    run = subprocess.run([sys.executable, str(script), "--rows", "4096", "--cols", "2048"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    keys = json.loads(run.stdout.splitlines()[-1].removeprefix("RESULT "))
+    for master in ("float32", "compensated_bfloat16"):
+        assert keys[f"master_member_bytes_per_element_{master}"] < 8, run.stdout
+        assert keys[f"master_update_bytes_per_element_{master}"] < 10, run.stdout
+    assert keys["master_centre_bytes_per_element_compensated_bfloat16"] < 1, run.stdout

@@ -2,11 +2,15 @@
 tolerance of a float32 master in half the bytes, where a plain bfloat16 master loses the steps; members and
 checkpoints read its float32 values."""
 
+import math
+
+import pytest
 import torch
 
+from trl_es.core import tensor_chunks
 from trl_es.core.compensated import CompensatedMasterWeights, add_, join, split
 from trl_es.core.master import MasterWeights
-from trl_es.core.noise import derive_seed
+from trl_es.core.noise import Member, derive_seed, parameter_noise
 
 STEPS = 200
 # Each addition is exact to within the residual's rounding: at most 2^-9 of half a unit of `high` (2^-9 of the
@@ -97,3 +101,39 @@ def test_a_bfloat16_parameter_on_the_cpu_named_with_an_index_is_the_value_half()
     parameter = torch.randn(4, 3).to(torch.bfloat16)
     master = CompensatedMasterWeights({"w": parameter}, 0.1, share_bfloat16=True, device="cpu:0")
     assert master.holds("w", parameter) and master.nbytes() == 2 * parameter.numel()
+
+
+@pytest.mark.parametrize("slice_elements", [5, 1 << 20])
+def test_members_updates_and_loads_of_the_pairs_are_the_bits_of_the_whole_tensor_formulas(monkeypatch, slice_elements):
+    # The master works a slice at a time (`tensor_chunks`); sliced or not, every bit is the formula's on the whole
+    # tensor: a member is (noise * sign * sigma + join).to(dtype), an update split(join * decay + lr * direction).
+    monkeypatch.setattr(tensor_chunks, "SLICE_ELEMENTS", slice_elements)
+    master = CompensatedMasterWeights(bfloat16_parameters(), 0.02)
+    pairs = {name: (high.clone(), low.clone()) for name, (high, low) in master.pairs.items()}
+    member = Member(seed=7, sign=-1)
+    for name, value in master.perturbed(member, torch.bfloat16):
+        noise = parameter_noise(member.seed, name, value.shape)
+        assert torch.equal(value, (noise * (-0.02) + join(*pairs[name])).to(torch.bfloat16)), name
+    coefficients, lr, weight_decay = {3: 0.5, 4: -0.25}, 1e-3, 0.1
+    norm = master.apply_update(coefficients, lr, weight_decay)
+    squared = 0.0
+    for name, (high, low) in pairs.items():
+        step = master.update_direction(name, coefficients).mul_(lr)
+        squared += float(step.double().pow(2).sum())
+        expected = split(join(high, low).mul_(1 - lr * weight_decay).add_(step))
+        assert all(map(torch.equal, master.pairs[name], expected)), name
+    assert math.isclose(norm, math.sqrt(squared), rel_tol=1e-12)
+    saved = {name: torch.randn(high.shape) for name, (high, _) in pairs.items()}
+    master.load_state_dict(saved)
+    assert all(all(map(torch.equal, master.pairs[name], split(saved[name]))) for name in saved)
+
+
+def test_the_bfloat16_centre_is_each_pairs_high_half_the_value_cast():
+    master = CompensatedMasterWeights(bfloat16_parameters(), 0.02)
+    for step in range(20):  # enough updates that some pairs sit on a tie (`split`)
+        master.apply_update({derive_seed(0, step, k): 0.3 - 0.1 * k for k in range(4)}, lr=5e-3)
+    for name, centre in master.centre(torch.bfloat16):
+        high, low = master.pairs[name]
+        assert centre is high and torch.equal(join(high, low).bfloat16(), high), name
+    for name, centre in master.centre(torch.float16):
+        assert torch.equal(centre, join(*master.pairs[name]).half()), name

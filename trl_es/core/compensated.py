@@ -15,7 +15,10 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from .direction_optimizer import DirectionOptimizer
+from .guards import check_step_fits
 from .master import MasterWeights, master_device
+from .noise import Member, parameter_noise
+from .tensor_chunks import flat_slices, largest_magnitude
 
 
 def split(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,12 +46,27 @@ def join(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     return high.float() + low.float()
 
 
-def add_(high: torch.Tensor, low: torch.Tensor, step: torch.Tensor) -> None:
-    """Add `step` to the pair in place: the sum in float32, then split again, so nothing of `step` below `high`'s
-    resolution is lost."""
-    new_high, new_low = split(join(high, low) + step.float())
-    high.copy_(new_high)
-    low.copy_(new_low)
+def add_(high: torch.Tensor, low: torch.Tensor, step: torch.Tensor, decay: float = 1.0) -> None:
+    """`pair <- pair * decay + step` in place: in float32, then split again, so nothing of `step` below `high`'s
+    resolution is lost. A slice at a time (`tensor_chunks`): the same bits as over the whole pair."""
+    for high_part, low_part, step_part in flat_slices(high, low, step):
+        value = join(high_part, low_part)
+        if decay != 1.0:
+            value.mul_(decay)
+        store(high_part, low_part, value.add_(step_part))
+
+
+def store(high: torch.Tensor, low: torch.Tensor, value: torch.Tensor) -> None:
+    """Write `value`'s `split` into the pair, a slice at a time."""
+    for high_part, low_part, value_part in flat_slices(high, low, value):
+        new_high, new_low = split(value_part)
+        high_part.copy_(new_high)
+        low_part.copy_(new_low)
+
+
+def largest_magnitude_of(high: torch.Tensor, low: torch.Tensor) -> float:
+    """`max |value|` of the pair, a slice at a time."""
+    return max((largest_magnitude(join(*parts)) for parts in flat_slices(high, low)), default=0.0)
 
 
 class JoinedTensors(Mapping):
@@ -116,9 +134,26 @@ class CompensatedMasterWeights(MasterWeights):
     def holds(self, name: str, parameter: torch.Tensor) -> bool:
         return name in self.shared and self.pairs[name][0].data_ptr() == parameter.data_ptr()
 
+    def perturbed_tensor(self, name: str, member: Member) -> torch.Tensor:
+        """As [`MasterWeights.perturbed_tensor`], adding the pair's value a slice at a time: no float32 copy of the
+        whole master tensor beside the noise."""
+        high, low = self.pairs[name]
+        noise = parameter_noise(member.seed, name, high.shape, high.device).mul_(member.sign * self.sigma)
+        for noise_part, high_part, low_part in flat_slices(noise, high, low):
+            noise_part.add_(join(high_part, low_part))
+        return noise
+
+    def centre(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """As [`MasterWeights.centre`]; in bfloat16 the centre is each pair's `high` half itself (`split` keeps the
+        pair's value cast to bfloat16 equal to it), with no float32 copy made."""
+        for name, (high, low) in self.pairs.items():
+            yield name, high if dtype == torch.bfloat16 else join(high, low).to(dtype)
+
+    def _add_step(self, name: str, step: torch.Tensor, decay: float, lr: float) -> None:
+        high, low = self.pairs[name]
+        check_step_fits(name, largest_magnitude_of(high, low), step, decay, lr, self.parameter_dtypes[name])
+        add_(high, low, step, decay)
+
     def _written(self, name: str, value: torch.Tensor) -> None:
         """`value` (the float32 value read from the pair, then updated or overwritten) goes back into the pair."""
-        high, low = self.pairs[name]
-        new_high, new_low = split(value)
-        high.copy_(new_high)
-        low.copy_(new_low)
+        store(*self.pairs[name], value)

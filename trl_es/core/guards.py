@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
+from .tensor_chunks import largest_magnitude
+
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
@@ -68,17 +70,17 @@ def largest_finite(dtype: torch.dtype) -> float:
 
 
 def check_step_fits(
-    name: str, master: torch.Tensor, step: torch.Tensor, decay: float, lr: float, dtype: torch.dtype = torch.float32
+    name: str, largest_weight: float, step: torch.Tensor, decay: float, lr: float, dtype: torch.dtype = torch.float32
 ) -> None:
     """Refuse the step of tensor `name` unless `master * decay + step` stays finite in float32 and in `dtype`, the
     dtype of the parameter the master is written into (issue 27: a float16 model overflowed while its float32 master
-    stayed finite, and trained on for three steps with infinite weights).
+    stayed finite, and trained on for three steps with infinite weights). `largest_weight` is `max|master|`.
 
     The bound `|decay| * max|master| + max|step|` costs two reductions and no copy of the tensor; NaN in `step` fails
     it too. It can refuse a step whose largest entries would not have met, but only at weights near the dtype's limit.
     """
     limit = min(largest_finite(dtype), FLOAT32_MAX)
-    largest = abs(decay) * float(master.abs().amax()) + float(step.abs().amax()) if master.numel() else 0.0
+    largest = abs(decay) * largest_weight + largest_magnitude(step)
     if not largest <= limit:  # NaN fails the comparison as well
         held_in = "float32" if limit == FLOAT32_MAX else f"the parameter's {str(dtype).removeprefix('torch.')}"
         raise NonFiniteError(

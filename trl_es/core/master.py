@@ -19,6 +19,7 @@ from .guards import agree_on_non_finite, check_finite_tensors, check_step_fits, 
 from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
 from .released_weights import full_shape, is_released
+from .tensor_chunks import largest_magnitude, squared_norm
 from .tensor_files import TensorStream
 from .update_shards import UpdateShards
 
@@ -126,10 +127,10 @@ class MasterWeights:
         checked before any tensor changes, and each tensor's step before it is added, against float32 and the range
         of the parameter's own dtype (an overflow found there leaves the tensors before it updated, all finite)."""
         squared_norms = self._apply_steps(coefficients, lr, weight_decay, shards)
-        squared_norm = 0.0
+        total = 0.0
         for name in self.updated_names():  # in tensor order, however the steps came: the same float on any process
-            squared_norm += squared_norms[name]
-        return math.sqrt(squared_norm)
+            total += squared_norms[name]
+        return math.sqrt(total)
 
     def _apply_steps(
         self, coefficients: dict[int, float], lr: float, weight_decay: float, shards: UpdateShards | None
@@ -147,14 +148,19 @@ class MasterWeights:
         )  # fmt: skip
         squared_norms = {}
         for name, step in steps:
-            master, step = self.tensors[name], step.mul_(lr)
-            check_step_fits(name, master, step, 1.0 - lr * weight_decay, lr, self.parameter_dtypes[name])
-            if weight_decay:
-                master.mul_(1.0 - lr * weight_decay)
-            master.add_(step)
-            self._written(name, master)
-            squared_norms[name] = float(step.double().pow(2).sum())
+            step = step.mul_(lr)
+            self._add_step(name, step, 1.0 - lr * weight_decay, lr)
+            squared_norms[name] = squared_norm(step)
         return squared_norms
+
+    def _add_step(self, name: str, step: torch.Tensor, decay: float, lr: float) -> None:
+        """`master <- master * decay + step` for tensor `name`, once `check_step_fits` passed."""
+        master = self.tensors[name]
+        check_step_fits(name, largest_magnitude(master), step, decay, lr, self.parameter_dtypes[name])
+        if decay != 1.0:
+            master.mul_(decay)
+        master.add_(step)
+        self._written(name, master)
 
     def _written(self, name: str, value: torch.Tensor) -> None:
         """Called after `value`, read as `self.tensors[name]`, was changed in place: here it is the master itself (or,
@@ -172,8 +178,8 @@ class MasterWeights:
         diff, base = 0.0, 0.0
         for name, master in self.tensors.items():
             ref = reference[name].to(device=master.device, dtype=torch.float32)
-            diff += float((master - ref).double().pow(2).sum())
-            base += float(ref.double().pow(2).sum())
+            diff += squared_norm(master - ref)
+            base += squared_norm(ref)
         return math.sqrt(diff / base) if base > 0 else 0.0
 
     def names(self) -> list[str]:

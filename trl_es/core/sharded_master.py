@@ -22,6 +22,7 @@ from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
 from .released_weights import full_shape, is_released
+from .tensor_chunks import squared_norm
 from .tensor_files import TensorStream
 from .update_shards import EngineShards, UpdateShards
 
@@ -102,10 +103,10 @@ class ShardedMasterWeights(MasterWeights):
         if errors:
             raise NonFiniteError(errors[0])
         merged = {name: value for part, _ in parts for name, value in part.items()}
-        squared_norm = 0.0
+        total = 0.0
         for name in self.full_shapes:
-            squared_norm += merged[name]
-        return math.sqrt(squared_norm)
+            total += merged[name]
+        return math.sqrt(total)
 
     def restore_optimizer(self, tensors: Mapping[str, torch.Tensor], metadata: dict, shards=None) -> None:
         """Continue a checkpoint's `es_optimizer` state: each process reads, checks and keeps the state of the tensors
@@ -161,6 +162,6 @@ class ShardedMasterWeights(MasterWeights):
         for name, parameter in self.parameters.items():
             value = self.tensors[name] if name in self.tensors else parameter.detach().float()
             ref = reference[name].to(device=value.device, dtype=torch.float32)
-            diff += float((value - ref).double().pow(2).sum())
-            base += float(ref.double().pow(2).sum())
+            diff += squared_norm(value - ref)
+            base += squared_norm(ref)
         return math.sqrt(diff / base) if base > 0 else 0.0

@@ -1,0 +1,44 @@
+"""Slices of large tensors (`trl_es.core.tensor_chunks`): elementwise work a slice at a time writes the same bits as
+over the whole tensor, and the reductions read a tensor without copying it."""
+
+import math
+
+import pytest
+import torch
+
+from trl_es.core import tensor_chunks
+from trl_es.core.tensor_chunks import flat_slices, largest_magnitude, squared_norm
+
+
+@pytest.fixture
+def slices_of_seven(monkeypatch):
+    monkeypatch.setattr(tensor_chunks, "SLICE_ELEMENTS", 7)
+
+
+def test_slices_cover_matching_elements_in_order_and_write_through(slices_of_seven):
+    values, out = torch.arange(30.0).reshape(5, 6), torch.zeros(5, 6)
+    parts = list(flat_slices(values, out))
+    assert [len(part) for part, _ in parts] == [7, 7, 7, 7, 2]
+    for part, out_part in parts:
+        out_part.copy_(part * 2)
+    assert torch.equal(out, values * 2)
+
+
+def test_tensors_without_a_flat_view_come_whole_once(slices_of_seven):
+    values = torch.arange(30.0).reshape(5, 6).t()  # a transpose: not contiguous
+    (parts,) = list(flat_slices(values, torch.zeros(6, 5)))
+    assert parts[0] is values
+
+
+def test_the_squared_norm_sums_every_square_in_float64_across_slices(slices_of_seven):
+    values = torch.randn(5, 6, generator=torch.Generator().manual_seed(0)) * 1e3
+    assert math.isclose(squared_norm(values), float(values.double().pow(2).sum()), rel_tol=1e-14)
+    assert squared_norm(torch.zeros(0)) == 0.0
+
+
+def test_the_largest_magnitude_is_the_largest_absolute_value_or_nan():
+    assert largest_magnitude(torch.tensor([1.0, -3.5, 2.0])) == 3.5
+    assert largest_magnitude(torch.tensor([1.0, 3.5], dtype=torch.bfloat16)) == 3.5
+    assert largest_magnitude(torch.zeros(0)) == 0.0
+    assert largest_magnitude(torch.tensor([-math.inf, 1.0])) == math.inf
+    assert math.isnan(largest_magnitude(torch.tensor([1.0, math.nan, -2.0])))

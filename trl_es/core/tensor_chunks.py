@@ -1,0 +1,46 @@
+"""Elementwise work over a large tensor in slices, so that its temporaries stay small.
+
+The master is computed one tensor at a time, and the largest tensor sets the peak: an embedding of 152k x 3.6k (a 7B
+model's) is 545M elements, and every float32 temporary of it 2.2 GB on the accelerator. Noise must be drawn whole (it
+is a function of the tensor's full shape), but what follows it is elementwise (a sum, a cast, a split into bfloat16
+halves) and is done here a slice at a time: the values are the same bits as over the whole tensor, the temporaries
+those of one slice. Reductions (a norm, a largest magnitude) read the tensor without copying it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+# Elements per slice: 4 MiB of float32, large enough that a kernel per slice costs little beside its work.
+SLICE_ELEMENTS = 1 << 20
+
+
+def flat_slices(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Matching slices of `tensors` (of one shape), at most `SLICE_ELEMENTS` elements each, in order: views that
+    write through. Where one is not contiguous it has no flat view, and the tensors come whole, once."""
+    if not all(tensor.is_contiguous() for tensor in tensors):
+        yield tensors
+        return
+    flat = [tensor.view(-1) for tensor in tensors]
+    numel = flat[0].numel()
+    for start in range(0, numel, SLICE_ELEMENTS):
+        yield tuple(values[start : start + SLICE_ELEMENTS] for values in flat)
+
+
+def squared_norm(tensor: torch.Tensor) -> float:
+    """The sum of squares of `tensor`, accumulated in float64 a slice at a time (a float64 copy of the whole tensor
+    would take twice its float32 bytes)."""
+    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+    for (values,) in flat_slices(tensor.contiguous()):
+        total += values.double().square().sum()
+    return float(total)
+
+
+def largest_magnitude(tensor: torch.Tensor) -> float:
+    """`max |tensor|` without a copy of it (0 for an empty tensor); NaN where the tensor holds a NaN."""
+    if tensor.numel() == 0:
+        return 0.0
+    smallest, largest = torch.aminmax(tensor)
+    return float(torch.maximum(largest, -smallest))
