@@ -12,7 +12,6 @@ ESTrainer's API reference page, which is most of the file's length.)
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import Counter
@@ -25,11 +24,11 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ..backends.base import PhaseTimer
 from ..backends.hf import TokenIds
-from ..backends.population import Population, engine_setup, evolving_parameters
+from ..backends.population import Population, engine_setup
 from ..backends.sampling import SamplingSettings
 from ..compat.accelerate import prepare_without_ddp
 from ..compat.deepspeed import release_process_groups
-from ..compat.transformers import TrainerHooks, saved_by_every_saver
+from ..compat.transformers import TrainerHooks
 from ..compat.trl import (
     TrainerTags,
     completion_table,
@@ -49,13 +48,14 @@ from ..core.fitness import (
     update_coefficients,
     weighted_rewards,
 )
-from ..core.guards import check_finite_tensors, check_fitness
+from ..core.guards import check_fitness
 from ..core.noise import population as population_members
 from ..core.noise import sampling_seed
 from ..evaluation.coverage import Sampler
 from ..evaluation.metrics import StartingWeights
 from . import evaluation, hub, kl_probe, resume, step_logging
 from .agent_rollouts import AgentRollouts
+from .checkpoint_hooks import CheckpointHooks
 from .config_checks import check_again_at_train, engine_group_size
 from .divergence import (
     StepCounters,
@@ -72,7 +72,7 @@ from .kl_probe import KLProbe
 from .noise_scale import NoiseScale
 from .output_lock import hold_output_dir
 from .preemption import stop_on_preemption
-from .released_model import load_checkpoint_into_model, loads_checkpoint_weights, restore_model_weights
+from .released_model import loads_checkpoint_weights, restore_model_weights
 from .reward_checks import checked_reward_function
 from .rollouts import context_length, tokenizer_of
 from .sampler import EpochSeededRepeatSampler
@@ -82,7 +82,7 @@ from .trainer_population import build_trainer_population
 logger = logging.getLogger(__name__)
 
 
-class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
+class ESTrainer(CheckpointHooks, TrainerHooks, TrainerTags, GRPOTrainer):
     r"""
     Trainer for Evolution Strategies (ES) post-training of language models, with the interface of [`~trl.GRPOTrainer`].
 
@@ -444,7 +444,7 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
         return output
 
     # ------------------------------------------------------------------------------------------------------------
-    # Checkpoints (see `resume.py`)
+    # Training and checkpoints (the checkpoint hooks: `checkpoint_hooks.py`; the ES state: `resume.py`)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """As [`~transformers.Trainer.train`], resuming only from a checkpoint whose files all parse:
@@ -480,55 +480,6 @@ class ESTrainer(TrainerHooks, TrainerTags, GRPOTrainer):
             )
         # `log` set the metrics' `train_loss` (the same dict) from the ES losses; the returned value follows it.
         return output._replace(training_loss=output.metrics.get("train_loss"))
-
-    def load_best_model_weights(self) -> None:
-        """As the Trainer loads the best checkpoint's weights at the end of training, except in a process that keeps
-        no model: as on resume (`load_checkpoint_weights`)."""
-        best = self.state.best_model_checkpoint
-        load_checkpoint_into_model(self, best, super().load_best_model_weights)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """As [`~transformers.Trainer.save_model`] (also how every checkpoint writes its weights), but weights holding
-        NaN or infinity are refused with a `NonFiniteError` before anything is written, and with `save_on_each_node`
-        every machine's checkpoint gets the weights (transformers writes them on global rank 0 only)."""
-        model = self.accelerator.unwrap_model(self.model)
-        check_finite_tensors(
-            dict(model.named_parameters()), f"The weights to be saved to {output_dir or self.args.output_dir}"
-        )
-        with saved_by_every_saver(model, self.args.should_save):  # every machine's, with `save_on_each_node`
-            super().save_model(output_dir, _internal_call)
-
-    def save_extra_state(self, output_dir: str) -> None:
-        """Each checkpoint's `es_state/`, written before `trainer_state.json` (which the Trainer writes last): a
-        checkpoint with a Trainer state always has its ES state."""
-        if self._population is not None:
-            metadata = resume.run_metadata(self.state.global_step, self._counters, self.reward_func_names, self.args)
-            metadata |= self._noise_scale.state()
-            resume.save_run_state(output_dir, self._population, self._reference, metadata, self.args.should_save)
-
-    def load_checkpoint_weights(self, checkpoint: str, model=None) -> None:
-        """As the Trainer loads a checkpoint's weights on resume, except in a process that keeps no model (it releases
-        it): there only the weights that do not evolve, where the checkpoint's files hold every evolving one's float32
-        master (its population reads its share of them)."""
-        trainer_load = functools.partial(super().load_checkpoint_weights, checkpoint, model)
-        load_checkpoint_into_model(self, checkpoint, trainer_load, model)
-
-    def load_extra_state(self, checkpoint: str) -> None:
-        resumed = resume.ResumedRun.load(
-            checkpoint,
-            self._evolving_parameters(),
-            self.args,
-            self.reward_func_names,
-            model_loaded=loads_checkpoint_weights(self, checkpoint),
-        )
-        self._population = None
-        self._resumed = resumed  # a vLLM server rebuilds its master from the same files
-        self._reference = StartingWeights.resumed(resumed.reference) if self.args.should_save else None
-        self._counters = resumed.counters
-        self._noise_scale = NoiseScale.resumed(self.args, resumed.metadata)
-
-    def _evolving_parameters(self) -> dict[str, torch.nn.Parameter]:
-        return evolving_parameters(self.accelerator.unwrap_model(self.model))
 
     # ------------------------------------------------------------------------------------------------------------
     # The Hub (see `hub.py`)
