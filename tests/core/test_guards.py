@@ -2,10 +2,18 @@
 (issue 16, point 1); an infinite reward is found, and NaN is not one; fitness that overflows names the reward
 weights."""
 
+import math
+
 import pytest
 import torch
 
-from trl_es.core.guards import NonFiniteError, check_fitness, first_infinite_reward
+from trl_es.core.guards import (
+    NonFiniteError,
+    check_finite_tensors,
+    check_fitness,
+    first_infinite_reward,
+    first_non_finite,
+)
 from trl_es.core.lowrank import LowRankMasterWeights
 from trl_es.core.master import MasterWeights
 
@@ -81,3 +89,13 @@ def test_an_infinite_reward_is_found_and_nan_is_not_one():
 def test_fitness_that_overflows_names_the_reward_weights():
     with pytest.raises(NonFiniteError, match=r"reward_weights=\[1e\+38\]"):
         check_fitness(torch.tensor([1.0, float("inf")]), [1e38])
+
+
+def test_the_finite_check_names_the_first_tensor_with_nan_or_infinity_and_counts_its_entries():
+    finite = {"empty": torch.zeros(0), "half": torch.ones(3, dtype=torch.bfloat16), "ids": torch.arange(3)}
+    assert first_non_finite(finite) is None
+    bad = finite | {"a": torch.tensor([1.0, math.inf, -math.inf, 2.0]), "b": torch.tensor([math.nan])}
+    assert first_non_finite(bad) == ("a", 2)
+    assert first_non_finite({"b": torch.tensor([0.0, math.nan], dtype=torch.float16)}) == ("b", 1)
+    with pytest.raises(NonFiniteError, match=r"'a' has 2 NaN or infinite entries"):
+        check_finite_tensors(bad, "The weights")

@@ -93,10 +93,10 @@ def check_step_fits(
 def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> tuple[str, int] | None:
     """`(name, count)` of the first floating-point tensor holding NaN or infinity, or None when all are finite."""
     for name, tensor in tensors.items():
-        if tensor.is_floating_point():
-            count = int((~torch.isfinite(tensor)).sum())
-            if count:
-                return name, count
+        # max |tensor| is finite exactly when every value is, and reading it copies nothing (the masks of a
+        # 545M-element embedding take 1.1 GB); the count is made for the error alone.
+        if tensor.is_floating_point() and not math.isfinite(largest_magnitude(tensor)):
+            return name, int((~torch.isfinite(tensor)).sum())
     return None
 
 
