@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trl_es.core import tensor_chunks
-from trl_es.core.compensated import CompensatedMasterWeights, add_, join, split
+from trl_es.core.compensated import CompensatedMasterWeights, add_, join, largest_magnitude_of, split
 from trl_es.core.master import MasterWeights
 from trl_es.core.noise import Member, derive_seed, parameter_noise
 
@@ -137,3 +137,11 @@ def test_the_bfloat16_centre_is_each_pairs_high_half_the_value_cast():
         assert centre is high and torch.equal(join(high, low).bfloat16(), high), name
     for name, centre in master.centre(torch.float16):
         assert torch.equal(centre, join(*master.pairs[name]).half()), name
+
+
+def test_the_largest_magnitude_of_a_pair_finds_a_nan_in_any_slice(monkeypatch):
+    monkeypatch.setattr(tensor_chunks, "SLICE_ELEMENTS", 2)
+    high, low = split(torch.tensor([1.0, -4.0, 2.0, 3.0, 0.5]))
+    assert largest_magnitude_of(high, low) == 4.0
+    high[3] = math.nan  # in the second slice
+    assert math.isnan(largest_magnitude_of(high, low))

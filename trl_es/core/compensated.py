@@ -65,8 +65,9 @@ def store(high: torch.Tensor, low: torch.Tensor, value: torch.Tensor) -> None:
 
 
 def largest_magnitude_of(high: torch.Tensor, low: torch.Tensor) -> float:
-    """`max |value|` of the pair, a slice at a time."""
-    return max((largest_magnitude(join(*parts)) for parts in flat_slices(high, low)), default=0.0)
+    """`max |value|` of the pair, a slice at a time (NaN where a value is NaN, as `largest_magnitude`)."""
+    magnitudes = [largest_magnitude(join(*parts)) for parts in flat_slices(high, low)]
+    return float(torch.tensor(magnitudes or [0.0]).max())  # Python's max would pass over a NaN after the first
 
 
 class JoinedTensors(Mapping):
