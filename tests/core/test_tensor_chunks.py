@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_es.core import tensor_chunks
-from trl_es.core.tensor_chunks import flat_slices, largest_magnitude, squared_norm
+from trl_es.core.tensor_chunks import flat_slices, largest_magnitude, squared_norm, sum_and_squares
 
 
 @pytest.fixture
@@ -30,10 +30,16 @@ def test_tensors_without_a_flat_view_come_whole_once(slices_of_seven):
     assert parts[0] is values
 
 
-def test_the_squared_norm_sums_every_square_in_float64_across_slices(slices_of_seven):
+def test_the_sum_and_the_squares_are_summed_in_float64_across_slices_after_the_cast(slices_of_seven):
     values = torch.randn(5, 6, generator=torch.Generator().manual_seed(0)) * 1e3
-    assert math.isclose(squared_norm(values), float(values.double().pow(2).sum()), rel_tol=1e-14)
-    assert squared_norm(torch.zeros(0)) == 0.0
+    total, squares = sum_and_squares(values).tolist()
+    assert math.isclose(total, float(values.double().sum()), rel_tol=1e-14)
+    assert math.isclose(squares, float(values.double().pow(2).sum()), rel_tol=1e-14)
+    assert squared_norm(values) == squares and squared_norm(torch.zeros(0)) == 0.0
+    cast = values.to(torch.bfloat16).double()  # the cast rounds each value before it is summed
+    assert sum_and_squares(values, torch.bfloat16).tolist() == pytest.approx(
+        [float(cast.sum()), float(cast.pow(2).sum())], 1e-14
+    )
 
 
 def test_the_largest_magnitude_is_the_largest_absolute_value_or_nan():

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 import torch
 
+from .tensor_chunks import sum_and_squares
+
 
 def tensor_digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
     """Per tensor, the SHA-256 of its name, dtype, shape and bytes."""
@@ -55,12 +57,9 @@ def layout_free_stats(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None
     """`(sum, sum of squares)` of all elements in float64, after casting each tensor to `dtype` if given."""
     total, squares = 0.0, 0.0
     for tensor in tensors:
-        values = tensor.detach()
-        if dtype is not None:
-            values = values.to(dtype)
-        values = values.double()
-        total += float(values.sum())
-        squares += float(values.pow(2).sum())
+        tensor_sum, tensor_squares = sum_and_squares(tensor, dtype).tolist()
+        total += tensor_sum
+        squares += tensor_squares
     return total, squares
 
 
@@ -81,7 +80,7 @@ def engine_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dic
         if values.device.type == "cpu":
             fingerprint[name] = zlib.crc32(values.reshape(-1).contiguous().view(torch.uint8).numpy().data)
         else:
-            on_device[name] = torch.stack([values.sum(dtype=torch.float64), values.double().square().sum()])
+            on_device[name] = sum_and_squares(values)
     if on_device:
         sums = torch.stack(list(on_device.values())).cpu().tolist()
         fingerprint.update(zip(on_device, sums, strict=True))

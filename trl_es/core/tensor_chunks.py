@@ -29,13 +29,21 @@ def flat_slices(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
         yield tuple(values[start : start + SLICE_ELEMENTS] for values in flat)
 
 
+def sum_and_squares(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`[sum, sum of squares]` of `tensor`'s elements (each cast to `dtype` first, where given), accumulated in float64
+    a slice at a time, as a tensor on `tensor`'s device (a float64 copy of the whole tensor would take twice its
+    float32 bytes, and its square as much again)."""
+    totals = torch.zeros(2, dtype=torch.float64, device=tensor.device)
+    for (values,) in flat_slices(tensor.detach()):
+        values = (values if dtype is None else values.to(dtype)).double()
+        totals[0] += values.sum()
+        totals[1] += values.square().sum()
+    return totals
+
+
 def squared_norm(tensor: torch.Tensor) -> float:
-    """The sum of squares of `tensor`, accumulated in float64 a slice at a time (a float64 copy of the whole tensor
-    would take twice its float32 bytes)."""
-    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
-    for (values,) in flat_slices(tensor.contiguous()):
-        total += values.double().square().sum()
-    return float(total)
+    """The sum of squares of `tensor`, in float64 (`sum_and_squares`)."""
+    return float(sum_and_squares(tensor)[1])
 
 
 def largest_magnitude(tensor: torch.Tensor) -> float:
