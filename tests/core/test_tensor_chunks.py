@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from trl_es.core import tensor_chunks
-from trl_es.core.tensor_chunks import flat_slices, largest_magnitude, squared_norm, sum_and_squares
+from trl_es.core.tensor_chunks import (
+    flat_slices,
+    largest_magnitude,
+    squared_distance,
+    squared_norm,
+    sum_and_squares,
+)
 
 
 @pytest.fixture
@@ -40,6 +46,13 @@ def test_the_sum_and_the_squares_are_summed_in_float64_across_slices_after_the_c
     assert sum_and_squares(values, torch.bfloat16).tolist() == pytest.approx(
         [float(cast.sum()), float(cast.pow(2).sum())], 1e-14
     )
+
+
+def test_the_squared_distance_casts_both_to_float32_and_sums_in_float64_across_slices(slices_of_seven):
+    generator = torch.Generator().manual_seed(1)
+    master, start = torch.randn(5, 6, generator=generator), torch.randn(5, 6, generator=generator).bfloat16()
+    expected = float((master - start.float()).double().pow(2).sum())
+    assert math.isclose(squared_distance(master, start), expected, rel_tol=1e-14)
 
 
 def test_the_largest_magnitude_is_the_largest_absolute_value_or_nan():

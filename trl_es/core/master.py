@@ -19,7 +19,7 @@ from .guards import agree_on_non_finite, check_finite_tensors, check_step_fits, 
 from .host_memory import HostTensors, host_copy
 from .noise import Member, parameter_noise
 from .released_weights import full_shape, is_released
-from .tensor_chunks import largest_magnitude, squared_norm
+from .tensor_chunks import largest_magnitude, squared_distance, squared_norm
 from .tensor_files import TensorStream
 from .update_shards import UpdateShards
 
@@ -177,8 +177,8 @@ class MasterWeights:
         """`||master - reference|| / ||reference||` over all tensors (0 when the reference is all zeros)."""
         diff, base = 0.0, 0.0
         for name, master in self.tensors.items():
-            ref = reference[name].to(device=master.device, dtype=torch.float32)
-            diff += squared_norm(master - ref)
+            ref = reference[name].to(master.device)  # in its own dtype: cast a slice at a time
+            diff += squared_distance(master, ref)
             base += squared_norm(ref)
         return math.sqrt(diff / base) if base > 0 else 0.0
 

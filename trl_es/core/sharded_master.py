@@ -22,7 +22,7 @@ from .guards import NonFiniteError, agree_on_non_finite
 from .master import MasterWeights, master_device
 from .noise import Member
 from .released_weights import full_shape, is_released
-from .tensor_chunks import squared_norm
+from .tensor_chunks import squared_distance, squared_norm
 from .tensor_files import TensorStream
 from .update_shards import EngineShards, UpdateShards
 
@@ -160,8 +160,8 @@ class ShardedMasterWeights(MasterWeights):
             )
         diff, base = 0.0, 0.0
         for name, parameter in self.parameters.items():
-            value = self.tensors[name] if name in self.tensors else parameter.detach().float()
-            ref = reference[name].to(device=value.device, dtype=torch.float32)
-            diff += squared_norm(value - ref)
+            value = self.tensors[name] if name in self.tensors else parameter.detach()
+            ref = reference[name].to(value.device)  # in its own dtype: cast a slice at a time
+            diff += squared_distance(value, ref)
             base += squared_norm(ref)
         return math.sqrt(diff / base) if base > 0 else 0.0

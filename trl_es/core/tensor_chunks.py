@@ -46,6 +46,15 @@ def squared_norm(tensor: torch.Tensor) -> float:
     return float(sum_and_squares(tensor)[1])
 
 
+def squared_distance(tensor: torch.Tensor, other: torch.Tensor) -> float:
+    """The sum of `(tensor - other) ** 2` in float64, each cast to float32 first, a slice at a time: neither the cast
+    nor the difference is made of the whole tensor."""
+    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+    for part, other_part in flat_slices(tensor.detach(), other.detach()):
+        total += (part.float() - other_part.float()).double().square().sum()
+    return float(total)
+
+
 def largest_magnitude(tensor: torch.Tensor) -> float:
     """`max |tensor|` without a copy of it (0 for an empty tensor); NaN where the tensor holds a NaN."""
     if tensor.numel() == 0:
