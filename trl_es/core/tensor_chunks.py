@@ -4,7 +4,7 @@ The master is computed one tensor at a time, and the largest tensor sets the pea
 model's) is 545M elements, and every float32 temporary of it 2.2 GB on the accelerator. Noise must be drawn whole (it
 is a function of the tensor's full shape), but what follows it is elementwise (a sum, a cast, a split into bfloat16
 halves) and is done here a slice at a time: the values are the same bits as over the whole tensor, the temporaries
-those of one slice. Reductions (a norm, a largest magnitude) read the tensor without copying it.
+those of one slice. Reductions copy a slice at most (a sum of squares in float64), or nothing (a largest magnitude).
 """
 
 from __future__ import annotations
