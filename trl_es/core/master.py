@@ -92,11 +92,13 @@ class MasterWeights:
     @torch.no_grad()
     def write_centre_into(self, parameters: Mapping[str, torch.Tensor]) -> None:
         """Copy the centre into the model's `parameters`, except those that are (part of) the master's own storage
-        and those this process released (it keeps no model: `core.released_weights`)."""
-        for name, centre in self.centre():
+        and those this process released (it keeps no model: `core.released_weights`). A tensor's value is read only
+        where it is written: the compensated master computes each read, and beside vLLM its pairs hold every
+        parameter."""
+        for name in self.tensors:
             parameter = parameters[name]
             if not self.holds(name, parameter) and not is_released(parameter):
-                parameter.copy_(centre)
+                parameter.copy_(self.tensors[name])
 
     def update_direction(self, name: str, coefficients: dict[int, float]) -> torch.Tensor:
         """`sum_seed coef * eps(seed)` for one tensor, accumulated in the coefficients' (fixed) order."""
