@@ -3,6 +3,7 @@ it: each holds about 1/k of the master, and members, centre, updates and the che
 one unsplit master."""
 
 import weakref
+from datetime import timedelta
 
 import pytest
 import torch
@@ -11,7 +12,13 @@ from safetensors.torch import load_file
 from scripts.traffic import record_traffic
 
 from benchmarks.harness import run_on_processes
-from trl_es.core.checkpoint import load_es_state, load_optimizer_state, save_es_state, save_es_state_shares
+from trl_es.core.checkpoint import (
+    load_es_state,
+    load_optimizer_state,
+    save_es_state,
+    save_es_state_copies,
+    save_es_state_shares,
+)
 from trl_es.core.direction_optimizer import DirectionOptimizer, DirectionOptimizerSettings
 from trl_es.core.guards import NonFiniteError
 from trl_es.core.master import MasterWeights
@@ -252,6 +259,49 @@ def test_a_non_finite_share_stops_every_process_and_leaves_no_es_state(tmp_path,
     other = results[1 - non_finite_on]["error"]
     assert other.startswith(f"NonFiniteError: Process {non_finite_on} could not write its share of the ES state")
     assert not (tmp_path / "es_state").exists()
+
+
+def _copies_written(rank: int, world: int, folder, failing: int | None, results) -> None:
+    # A short timeout: a process left waiting for a peer that stopped sending fails the test instead of holding it
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    master = _master(ShardedMasterWeights, shards=EngineShards(group, {n: torch.Size(s) for n, s in SHAPES.items()}))
+    master.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+    disk = folder / f"machine{rank}"  # every process saves, each to its own disk (`save_on_each_node`)
+    disk.mkdir()
+    if rank == failing:
+        (disk / "es_state").write_text("")  # a file where the ES state's folder goes: nothing can be written there
+    masters, optimizer_state = master.checkpoint_stream(SHAPES), master.optimizer_stream()
+    try:
+        save_es_state_copies(disk, masters, optimizer_state, UpdateShards(rank, world).all_gather,
+                             reference=dict(_parameters()), metadata={"global_step": 1})  # fmt: skip
+        error = None
+    except Exception as raised:
+        error = f"{type(raised).__name__}: {raised}"
+    results[rank] = dict(error=error)
+
+
+def test_with_a_saver_on_each_machine_each_writes_the_whole_split_master(tmp_path):
+    alone = _master()
+    alone.apply_update(COEFFICIENTS, lr=1e-2, weight_decay=0.01)
+
+    results = run_on_processes(_copies_written, 2, tmp_path, None)
+
+    assert [result["error"] for result in results.values()] == [None, None]
+    for rank in (0, 1):
+        masters, _, metadata = load_es_state(tmp_path / f"machine{rank}")
+        assert metadata["master_files"] == ["master.safetensors"]
+        assert all(torch.equal(masters[name], alone.tensors[name]) for name in SHAPES) and len(masters) == len(SHAPES)
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_saver_that_cannot_write_stops_every_saver_naming_it_and_leaves_no_es_state(tmp_path, failing):
+    results = run_on_processes(_copies_written, 2, tmp_path, failing)
+
+    assert results[failing]["error"].startswith("FileExistsError")
+    other = results[1 - failing]["error"]  # not a peer that went away mid-send: it names the process and the problem
+    assert other.startswith(f"RuntimeError: Process {failing} could not write the ES state to "), other
+    assert "FileExistsError" in other
+    assert not (tmp_path / f"machine{1 - failing}" / "es_state").exists()
 
 
 def test_with_several_engine_groups_only_the_group_of_the_process_that_saves_writes_the_master(tmp_path):

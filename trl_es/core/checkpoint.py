@@ -94,28 +94,64 @@ def save_es_state_shares(
     none and a resume skips it."""
     saves = metadata is not None
     state_dir = Path(checkpoint_dir) / ES_STATE_DIR
-    state_dir.mkdir(parents=True, exist_ok=True)
     names = (MASTER_FILE, OPTIMIZER_FILE) if saves else tuple(f"{kind}-rank-{rank}.safetensors" for kind in SHARES)
     written, error = ([], []), None
     try:
+        state_dir.mkdir(parents=True, exist_ok=True)
         written = _write_share(state_dir, names[0], master, names[1], optimizer_state, every=saves)
         if saves:
             write_reference(state_dir / REFERENCE_FILE, reference)
     except Exception as raised:  # every process hears of it before any goes on
         error = raised
-    outcomes = all_gather((written, None if error is None else f"{type(error).__name__}: {error}"))
+    outcomes = _every_outcome(all_gather, written, error, checkpoint_dir, "write its share of", remove=saves)
+    if saves:
+        master_files, optimizer_files = ([file for files in outcomes for file in files[kind]] for kind in (0, 1))
+        _write_metadata(state_dir, metadata, master_files, optimizer_files)
+
+
+def save_es_state_copies(
+    checkpoint_dir: str | os.PathLike,
+    master: TensorStream,
+    optimizer_state: TensorStream,
+    all_gather: Callable[[object], list],
+    reference: Mapping[str, torch.Tensor] | None = None,
+    metadata: dict | None = None,
+) -> None:
+    """Write the whole ES state into `checkpoint_dir/es_state/` ([`save_es_state`]) from every process given
+    `metadata` (collective): where several processes save (`save_on_each_node`, each on its machine's disk), each
+    tensor travels from the process that owns it to every one of them, so every process reads both streams to their
+    end, the others taking their part in sending.
+
+    If any process fails (a `NonFiniteError`, a full disk), every process raises once all are done, as in
+    [`save_es_state_shares`], and every process that saves removes its ES state: no machine's checkpoint has one, so
+    every machine resumes from the same earlier checkpoint. A process that fails part-way still reads the rest of both
+    streams: the others would wait for it in their sends."""
+    saves, error = metadata is not None, None
+    try:
+        if saves:
+            save_es_state(checkpoint_dir, master, reference, metadata, optimizer_state)
+    except Exception as raised:
+        error = raised
+    drain(master)
+    drain(optimizer_state)
+    _every_outcome(all_gather, None, error, checkpoint_dir, "write", remove=saves)
+
+
+def _every_outcome(all_gather, outcome, error: Exception | None, checkpoint_dir, what: str, remove: bool) -> list:
+    """Every process's `outcome` (collective), once each has said whether it failed (`error`). Where any did, the
+    checkpoint's ES state is removed (by the processes that `remove` it: those that write its metadata) and every
+    process raises: the failing one its own `error`, the others an error naming it, what it could not do and why."""
+    outcomes = all_gather((outcome, None if error is None else f"{type(error).__name__}: {error}"))
     failed = [(process, problem) for process, (_, problem) in enumerate(outcomes) if problem is not None]
-    if failed and saves:
-        shutil.rmtree(state_dir, ignore_errors=True)
+    if failed and remove:
+        shutil.rmtree(Path(checkpoint_dir) / ES_STATE_DIR, ignore_errors=True)
     if error is not None:
         raise error
     if failed:
         process, problem = failed[0]
         kind = NonFiniteError if problem.startswith(f"{NonFiniteError.__name__}:") else RuntimeError
-        raise kind(f"Process {process} could not write its share of the ES state to {checkpoint_dir}: {problem}")
-    if saves:
-        master_files, optimizer_files = ([file for files, _ in outcomes for file in files[kind]] for kind in (0, 1))
-        _write_metadata(state_dir, metadata, master_files, optimizer_files)
+        raise kind(f"Process {process} could not {what} the ES state to {checkpoint_dir}: {problem}")
+    return [outcome for outcome, _ in outcomes]
 
 
 def write_reference(path: Path, reference: Mapping[str, torch.Tensor]) -> None:

@@ -25,10 +25,10 @@ from ..core.checkpoint import (
     last_complete_checkpoint,
     load_es_state,
     load_optimizer_state,
-    save_es_state,
+    save_es_state_copies,
     save_es_state_shares,
 )
-from ..core.tensor_files import SafetensorsFile, drain
+from ..core.tensor_files import SafetensorsFile
 from ..core.update_shards import all_gather_objects
 from ..evaluation.metrics import StartingWeights
 from .divergence import StepCounters
@@ -70,28 +70,28 @@ def save_run_state(
     with `shard_update` each holds the `es_optimizer` state of the tensors it owns, and the processes of a
     tensor-parallel engine each hold a share of the master. Where one process of several saves (the Trainer's
     default), each owner writes its own share beside the others ([`save_es_state_shares`]); where several save
-    (`save_on_each_node`, each on its node's disk), every share is sent to each of them."""
+    (`save_on_each_node`, each on its node's disk), every share is sent to each of them
+    ([`save_es_state_copies`]). If any process fails, every process raises, naming it, and no ES state is left."""
     master = population.master
     # A float32 parameter is its own master, saved with the model's weights: only the others' masters are written.
     rounded = [name for name, param in population.parameters.items() if param.dtype != torch.float32]
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     world = torch.distributed.get_world_size() if distributed else 1
-    gather = functools.partial(all_gather_objects, size=world)
+    gather = functools.partial(all_gather_objects, size=world) if world > 1 else _alone
+    saver = {"reference": reference, "metadata": {**metadata, **master.optimizer.metadata()}} if should_save else {}
     if world > 1 and sum(gather(should_save)) == 1:  # one process of several saves: each writes its own share
         masters = master.checkpoint_stream(rounded, keep=should_save, own=True)
         optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save, own=True)
-        saver = {"reference": reference, "metadata": {**metadata, **master.optimizer.metadata()}}
-        rank = torch.distributed.get_rank()
-        save_es_state_shares(output_dir, rank, masters, optimizer_state, gather, **(saver if should_save else {}))
-        return
-    masters = master.checkpoint_stream(rounded, keep=should_save)
-    optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save)
-    if not should_save:  # its part in gathering them (where the master or the optimizer state is split)
-        drain(masters)
-        drain(optimizer_state)
-        return
-    metadata = {**metadata, **master.optimizer.metadata()}
-    save_es_state(output_dir, masters, reference, metadata, optimizer_state)
+        save_es_state_shares(output_dir, torch.distributed.get_rank(), masters, optimizer_state, gather, **saver)
+    else:
+        masters = master.checkpoint_stream(rounded, keep=should_save)
+        optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save)
+        save_es_state_copies(output_dir, masters, optimizer_state, gather, **saver)
+
+
+def _alone(value) -> list:
+    """`all_gather_objects` where this process is the only one."""
+    return [value]
 
 
 def run_metadata(global_step: int, counters: StepCounters, reward_names: list[str], args) -> dict:
