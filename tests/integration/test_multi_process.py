@@ -106,8 +106,9 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
     """vllm_tensor_parallel_size=2 on a bf16 model: the two processes are one evaluator (they load the same members
     into the engine they share, each writing whole tensors that vLLM shards; the tiny model has fewer KV heads than
     ranks, so the shards also hold replicated parts), each keeps about half of the float32 master, only the one that
-    saves keeps the model's weights (the other gets them back from it when asked), and a checkpoint gathers the master
-    (and the adam state) whole: the run and its resume end bitwise as one process with its own engine."""
+    saves keeps the model's weights (the other gets them back from it when asked), each writes its share of the master
+    (and the adam state) whole: the run and its resume, on the same layout or on one process, end bitwise as one
+    process with its own engine."""
     needs_vllm()
     settings = ["--dtype", "bfloat16", "--es_optimizer", "adam"]  # adam: its state is split and gathered too
     flags = ["--use_vllm", "--tensor_parallel_size", 2, "--save_steps", 2, *settings]
@@ -146,6 +147,12 @@ def test_two_processes_sharing_a_tensor_parallel_engine_split_the_master_keep_on
     assert_same_run(one, tmp_path, files=("master.safetensors",))
     # The process that releases the model does not load the checkpoint's weights: it reads its master share.
     assert [(tmp_path / f"loaded_rank{rank}").read_text() for rank in (0, 1)] == ["True", "False"]
+    # Another layout resumes it too: one process with an engine of its own reads both shares
+    alone = tmp_path / "resumed-alone"
+    resumed = launch(1, tiny_model_path, alone, "--use_vllm", *settings, "--resume_from", tmp_path / "checkpoint-2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (alone / "loaded_rank0").read_text() == "True"
+    assert_same_run(one, alone, files=("master.safetensors",))
 
 
 @pytest.mark.slow
@@ -196,7 +203,8 @@ def test_a_tensor_parallel_run_loads_its_best_checkpoint_only_where_the_model_is
 @pytest.mark.slow
 def test_two_processes_shard_the_adam_state_save_it_whole_and_resume_bitwise(tmp_path, tiny_model_path):
     """With shard_update each process keeps the es_optimizer state of the tensors it owns only (about half here); a
-    checkpoint still holds all of it, bitwise the 1-process run's, and a 2-process resume ends as the 1-process run."""
+    checkpoint still holds all of it, bitwise the 1-process run's, and a resume on 2 processes or on 1 ends as the
+    1-process run."""
     adam = ["--es_optimizer", "adam", "--save_steps", "2"]
     one = launch(1, tiny_model_path, tmp_path / "one", *adam)
     assert one.returncode == 0, one.stderr[-3000:]
@@ -212,13 +220,20 @@ def test_two_processes_shard_the_adam_state_save_it_whole_and_resume_bitwise(tmp
     assert [sum(t.numel() for t in share.values()) for share in shares.values()] == held
     assert sum(t.numel() for t in single.values()) == total
 
-    resumed = launch(2, tiny_model_path, tmp_path / "two", *adam, "--resume_from", tmp_path / "two" / "checkpoint-2")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    single, again = (
-        load_file(tmp_path / "one" / "master.safetensors"),
-        load_file(tmp_path / "two" / "master.safetensors"),
-    )
-    assert all(torch.equal(single[k], again[k]) for k in single)
+    # The checkpoint resumes on any number of processes: on 2 (each reads the state of the tensors it owns) and on 1
+    # (it reads both shares), each ending as the run that was not stopped
+    uninterrupted = load_file(tmp_path / "one" / "master.safetensors")
+    for processes in (2, 1):
+        resumed_dir = tmp_path / f"resumed-on-{processes}"
+        resumed = launch(
+            processes, tiny_model_path, resumed_dir, *adam, "--resume_from", tmp_path / "two" / "checkpoint-2"
+        )
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        loaded = [(resumed_dir / f"loaded_rank{rank}").read_text() for rank in range(processes)]
+        assert loaded == ["True"] * processes  # each began from the checkpoint's weights, not the model's
+        again = load_file(resumed_dir / "master.safetensors")
+        assert again.keys() == uninterrupted.keys(), processes
+        assert all(torch.equal(uninterrupted[k], again[k]) for k in again), processes
 
 
 @pytest.mark.slow
