@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from scripts.es_state_files import saved_shares
 from scripts.paths import ACCELERATE_CONFIGS, SCRIPTS
 
@@ -85,7 +85,8 @@ def test_with_a_saver_on_each_machine_each_disk_gets_the_whole_es_state_and_each
 ):
     """`save_on_each_node=True`: the main process of each machine saves, to its own disk. With `shard_update` each
     process keeps the adam state of the tensors it owns, so each share must reach both savers: both checkpoints hold
-    all of it, bitwise alike, and both machines resuming from their own disk end as the run that was not stopped."""
+    all of it, bitwise alike, and both machines resuming from their own disk end as the run that was not stopped;
+    disks whose copies differ are refused, naming the checkpoint."""
     flags = ["--es_optimizer", "adam", "--save_steps", "2", "--save_on_each_node"]
     whole = launch_machines(tiny_model_path, tmp_path / "whole", 1, *flags, disks=True)
     assert_succeeded(whole)
@@ -110,3 +111,15 @@ def test_with_a_saver_on_each_machine_each_disk_gets_the_whole_es_state_and_each
     assert [(disk / f"loaded_rank{rank}").read_text() for rank, disk in enumerate(disks)] == ["True", "True"]
     again = load_file(disks[0] / "master.safetensors")
     assert again.keys() == uninterrupted.keys() and all(torch.equal(again[k], uninterrupted[k]) for k in again)
+
+    # Copies that differ (one disk holding another checkpoint of the same name): refused before the first step, naming
+    # the checkpoint, where the message said to build the model the same on every process
+    weights_file = disks[1] / "checkpoint-2" / "model.safetensors"
+    weights = load_file(weights_file)
+    name = next(name for name in weights if name.endswith("q_proj.weight"))
+    weights[name].view(-1)[0] += 1e-3
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    apart = launch_machines(tiny_model_path, tmp_path / "whole", 1, *flags, *resume, disks=True)
+    assert all(machine.returncode != 0 for machine in apart)
+    output = apart[0].stdout + apart[1].stdout
+    assert "The processes resumed from" in output and "with different weights" in output, output[-3000:]

@@ -147,10 +147,12 @@ def master_fingerprint(master: MasterWeights) -> list[int]:
     return torch.stack(sums).tolist() if sums else []
 
 
-def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int) -> None:
+def check_ranks_agree(
+    accelerator: Accelerator, master: MasterWeights, step: int, resumed_from: str | None = None
+) -> None:
     """Fail loudly if the processes' masters are not bitwise identical (each tensor compared between the processes
     that hold it: all of them, or its owners where a master is split over an engine's processes). Step 0 is the start:
-    the masters just built from each process's model."""
+    the masters just built from each process's model, or read from the checkpoint `resumed_from`."""
     if accelerator.num_processes == 1:
         return
     per_process = gather_object([dict(zip(master.tensors, master_fingerprint(master), strict=True))])
@@ -159,16 +161,22 @@ def check_ranks_agree(accelerator: Accelerator, master: MasterWeights, step: int
         for name, value in fingerprints.items():
             values.setdefault(name, set()).add(value)
     differing = [name for name, seen in values.items() if len(seen) > 1]
-    if differing and step == 0:
+    if not differing:
+        return
+    found = f"{len(differing)} tensors differ between ranks, first {differing[:3]}"
+    if step == 0 and resumed_from is not None:
         raise RuntimeError(
-            f"The processes start from different weights ({len(differing)} tensors differ between ranks, first "
-            f"{differing[:3]}). ES wraps the model in no DistributedDataParallel, which would copy rank 0's weights "
-            "to the others: build the model the same on every process (load it from a checkpoint, or call "
-            "transformers.set_seed before creating it)."
+            f"The processes resumed from {resumed_from} with different weights ({found}): they read different copies "
+            "of it. With save_on_each_node each machine reads the copy on its own disk; make every machine's copy "
+            "the same checkpoint (copy one machine's to the others), or resume from a folder every machine shares."
         )
-    if differing:
+    if step == 0:
         raise RuntimeError(
-            f"At step {step} the processes' ES masters disagree ({len(differing)} tensors differ between ranks, "
-            f"first {differing[:3]}). Every process must apply the same update; check that all of them run the same "
-            "code, seed and data."
+            f"The processes start from different weights ({found}). ES wraps the model in no "
+            "DistributedDataParallel, which would copy rank 0's weights to the others: build the model the same on "
+            "every process (load it from a checkpoint, or call transformers.set_seed before creating it)."
         )
+    raise RuntimeError(
+        f"At step {step} the processes' ES masters disagree ({found}). Every process must apply the same update; "
+        "check that all of them run the same code, seed and data."
+    )

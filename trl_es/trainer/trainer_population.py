@@ -47,7 +47,8 @@ def build_trainer_population(trainer, resumed=None) -> Population:
         # processes that save: the model here would be one more copy of it per process, in host memory.
         keep_model=keep_model,
     )
-    check_ranks_agree(trainer.accelerator, population.master, step=0)  # no DDP broadcast evens them
+    # No DDP broadcast evens them; a resume's processes must have read the same checkpoint
+    check_ranks_agree(trainer.accelerator, population.master, step=0, resumed_from=resumed and resumed.checkpoint)
     return population
 
 
