@@ -172,7 +172,10 @@ class EngineShards:
 
 
 def all_gather_objects(value, size: int, group=None) -> list:
-    """Every process's `value` (any picklable object), in the order of `group`'s `size` processes (collective)."""
+    """Every process's `value` (any picklable object), in the order of `group`'s `size` processes (collective; a
+    process alone, `size` 1, needs no process group)."""
+    if size == 1:
+        return [value]
     gathered = [None] * size
     torch.distributed.all_gather_object(gathered, value, group=group)
     return gathered

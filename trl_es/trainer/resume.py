@@ -77,7 +77,7 @@ def save_run_state(
     rounded = [name for name, param in population.parameters.items() if param.dtype != torch.float32]
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     world = torch.distributed.get_world_size() if distributed else 1
-    gather = functools.partial(all_gather_objects, size=world) if world > 1 else _alone
+    gather = functools.partial(all_gather_objects, size=world)
     saver = {"reference": reference, "metadata": {**metadata, **master.optimizer.metadata()}} if should_save else {}
     if world > 1 and sum(gather(should_save)) == 1:  # one process of several saves: each writes its own share
         masters = master.checkpoint_stream(rounded, keep=should_save, own=True)
@@ -87,11 +87,6 @@ def save_run_state(
         masters = master.checkpoint_stream(rounded, keep=should_save)
         optimizer_state = master.optimizer_stream(population.update_shards, keep=should_save)
         save_es_state_copies(output_dir, masters, optimizer_state, gather, **saver)
-
-
-def _alone(value) -> list:
-    """`all_gather_objects` where this process is the only one."""
-    return [value]
 
 
 def run_metadata(global_step: int, counters: StepCounters, reward_names: list[str], args) -> dict:
