@@ -200,9 +200,11 @@ def test_a_converted_grpo_group_is_sampled_not_greedy(tmp_path, tiny_model_path,
 
 
 def test_an_es_config_converts_steps_per_generation_and_refuses_a_batch_that_splits_a_group(tmp_path):
-    with pytest.warns(UserWarning, match=r"steps_per_generation=2 \(generation_batch_size=8\) becomes"):
+    with pytest.warns(UserWarning, match=r"steps_per_generation=2 \(generation_batch_size=8\) becomes") as caught:
         config = ESConfig(str(tmp_path), steps_per_generation=2, per_device_train_batch_size=4)
     assert (config.steps_per_generation, config.generation_batch_size) == (1, 4)
+    [warning] = [w for w in caught if "becomes steps_per_generation" in str(w.message)]
+    assert warning.filename == __file__  # it points at the ESConfig(...) call, not at the dataclass's __init__
     with pytest.raises(ValueError, match="3 completions, which must be divisible by num_generations \\(2\\)"):
         ESConfig(
             str(tmp_path), generation_batch_size=6, per_device_train_batch_size=3, num_generations=2, temperature=1.0

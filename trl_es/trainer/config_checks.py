@@ -29,7 +29,8 @@ from .grpo_conversion import grpo_loss_settings
 PERTURBATIONS = ("full", "lowrank")
 MASTER_DTYPES = ("float32", "compensated_bfloat16")
 
-# Warnings point at the user's `ESConfig(...)` call: warn <- check <- check_before_grpo <- __post_init__ <- __init__.
+# Warnings point at the user's `ESConfig(...)` call: warn <- check <- check_before_grpo (or check_after_grpo) <-
+# __post_init__ <- __init__.
 _AT_THE_CALLER = 5
 
 
@@ -52,6 +53,8 @@ def check_again_at_train(config) -> None:
 
 def check_after_grpo(config) -> None:
     """The checks that need the launch: processes, DeepSpeed and FSDP, and the backend combinations they allow."""
+    if config.steps_per_generation != config.gradient_accumulation_steps:
+        _one_prompt_batch_per_update(config)
     if config.deepspeed_plugin is not None:
         raise NotImplementedError(
             "ESTrainer does not run under DeepSpeed: ES keeps no gradients or optimizer state for ZeRO to shard, "
@@ -73,6 +76,34 @@ def check_after_grpo(config) -> None:
         )
     _check_backend(config)
     check_population_divides(config.population_size, config.world_size, engine_group_size(config))
+
+
+def _one_prompt_batch_per_update(config) -> None:
+    """GRPO can generate once for several optimizer steps (`steps_per_generation` > `gradient_accumulation_steps`,
+    or the `generation_batch_size` that implies it); ES makes one update per prompt batch, so it generates once per
+    step, on the batch that `gradient_accumulation_steps` gives."""
+    asked = (
+        f"steps_per_generation={config.steps_per_generation} (generation_batch_size={config.generation_batch_size})"
+    )
+    config.steps_per_generation = config.gradient_accumulation_steps
+    config.generation_batch_size = config.per_device_train_batch_size * config.world_size * config.steps_per_generation
+    if config.generation_batch_size % config.num_generations:
+        raise ValueError(
+            f"ESTrainer makes one update per prompt batch of per_device_train_batch_size x "
+            f"gradient_accumulation_steps x processes = {config.generation_batch_size} completions, which must be "
+            f"divisible by num_generations ({config.num_generations}). Change per_device_train_batch_size or "
+            "gradient_accumulation_steps, and leave steps_per_generation and generation_batch_size unset."
+        )
+    warnings.warn(
+        f"ESTrainer makes one update per prompt batch, so {asked} becomes steps_per_generation="
+        f"gradient_accumulation_steps={config.gradient_accumulation_steps}: every member of an ES step answers the "
+        f"same batch of per_device_train_batch_size x gradient_accumulation_steps x processes = "
+        f"{config.generation_batch_size} completions ({config.prompts_per_step} prompts x num_generations="
+        f"{config.num_generations}), drawn anew for every update. For more prompts per update, raise "
+        "per_device_train_batch_size or gradient_accumulation_steps.",
+        UserWarning,
+        stacklevel=_AT_THE_CALLER,
+    )
 
 
 def import_function(path: str | None, field_name: str) -> Callable | None:

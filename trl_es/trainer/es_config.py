@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -421,36 +420,7 @@ class ESConfig(SettingsWithoutSecrets, GRPOConfig):
         check_before_grpo(self)
         with one_completion_per_prompt_accepted(self):
             super().__post_init__()
-        if self.steps_per_generation != self.gradient_accumulation_steps:
-            self._one_prompt_batch_per_update()
         check_after_grpo(self)
-
-    def _one_prompt_batch_per_update(self):
-        """GRPO can generate once for several optimizer steps (`steps_per_generation` > `gradient_accumulation_steps`,
-        or the `generation_batch_size` that implies it); ES makes one update per prompt batch, so it generates once
-        per step, on the batch that `gradient_accumulation_steps` gives."""
-        asked = (
-            f"steps_per_generation={self.steps_per_generation} (generation_batch_size={self.generation_batch_size})"
-        )
-        self.steps_per_generation = self.gradient_accumulation_steps
-        self.generation_batch_size = self.per_device_train_batch_size * self.world_size * self.steps_per_generation
-        if self.generation_batch_size % self.num_generations:
-            raise ValueError(
-                f"ESTrainer makes one update per prompt batch of per_device_train_batch_size x "
-                f"gradient_accumulation_steps x processes = {self.generation_batch_size} completions, which must be "
-                f"divisible by num_generations ({self.num_generations}). Change per_device_train_batch_size or "
-                "gradient_accumulation_steps, and leave steps_per_generation and generation_batch_size unset."
-            )
-        warnings.warn(
-            f"ESTrainer makes one update per prompt batch, so {asked} becomes steps_per_generation="
-            f"gradient_accumulation_steps={self.gradient_accumulation_steps}: every member of an ES step answers the "
-            f"same batch of per_device_train_batch_size x gradient_accumulation_steps x processes = "
-            f"{self.generation_batch_size} completions ({self.prompts_per_step} prompts x num_generations="
-            f"{self.num_generations}), drawn anew for every update. For more prompts per update, raise "
-            "per_device_train_batch_size or gradient_accumulation_steps.",
-            UserWarning,
-            stacklevel=3,
-        )
 
     # What the trainer and the backends read, decided here once.
 
