@@ -28,6 +28,10 @@ WORKER_PREFIX = "WORKER "
 # glibc: every block above 64 KiB in its own mapping, unmapped when freed, so that RSS follows live memory instead of
 # what the allocator keeps cached (the CPU memory measurement relies on it).
 LIVE_RSS_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+# `accelerate launch`, started as the module whose `main` it runs. The `accelerate` console script runs the same
+# launcher, but first imports every subcommand (`estimate` imports transformers' auto models): about 6 s more per
+# launch on a 2-core machine, before any process starts.
+ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.launch")
 
 
 # --------------------------------------------------------------------------------------------------------------------

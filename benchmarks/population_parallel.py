@@ -21,7 +21,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
-from benchmarks.harness import median, print_result  # noqa: E402
+from benchmarks.harness import ACCELERATE_LAUNCH, median, print_result  # noqa: E402
 from benchmarks.trainers import ES_PHASES  # noqa: E402
 
 CONFIGS = REPOSITORY / "examples" / "accelerate_configs"
@@ -101,7 +101,6 @@ def main():
         from trl_es.testing import PEAKED_INITIALIZER_RANGE, save_tiny_model
 
         cli.model = str(save_tiny_model(tempfile.mkdtemp() + "/tiny", initializer_range=PEAKED_INITIALIZER_RANGE))
-    accelerate = Path(sys.executable).with_name("accelerate")
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     settings = [(processes, True, 1) for processes in cli.processes]
     if cli.compare_shard_update:
@@ -113,7 +112,8 @@ def main():
         output = Path(tempfile.mkdtemp()) / "timing.json"
         config = CONFIGS / ("single_gpu.yaml" if processes == 1 else "multi_gpu.yaml")
         command = [
-            *(str(accelerate), "launch", "--config_file", str(config), "--num_processes", str(processes), __file__),
+            *ACCELERATE_LAUNCH,
+            *("--config_file", str(config), "--num_processes", str(processes), __file__),
             *("--model", cli.model, "--population_size", str(cli.population_size), "--steps", str(cli.steps)),
             *("--batch_size", str(cli.batch_size), "--max_completion_length", str(cli.max_completion_length)),
             *("--worker_output", str(output), *(["--use_vllm"] if cli.use_vllm else [])),

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from scripts.es_state_files import saved_shares
 from scripts.paths import ACCELERATE_CONFIGS, SCRIPTS
 
-from benchmarks.harness import free_port
+from benchmarks.harness import ACCELERATE_LAUNCH, free_port
 
 SCRIPT = SCRIPTS / "train_population.py"
 MULTI_NODE = ACCELERATE_CONFIGS / "multi_node.yaml"
@@ -25,13 +25,12 @@ def launch_machines(
 ) -> list[subprocess.CompletedProcess]:
     """Start machine 0 and machine 1 at once, as one would on two hosts, and wait for both. With `disks`, each machine
     writes to a folder of its own, `output_dir/machine<R>` (as to its own disk)."""
-    accelerate = Path(sys.executable).with_name("accelerate")
     port = free_port()
     machines = []
     for rank in (0, 1):
         folder = output_dir / f"machine{rank}" if disks else output_dir
         command = [
-            str(accelerate), "launch", "--config_file", str(MULTI_NODE),
+            *ACCELERATE_LAUNCH, "--config_file", str(MULTI_NODE),
             "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", str(2 * processes_per_machine),
             "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
             str(SCRIPT), model, str(folder), *[flag.replace("{output_dir}", str(folder)) for flag in flags],

@@ -2,10 +2,10 @@
 tests/integration/test_multi_process.py and tests/sequential/test_sequential_trainer.py)."""
 
 import subprocess
-import sys
-from pathlib import Path
 
 from scripts.paths import ACCELERATE_CONFIGS, SCRIPTS
+
+from benchmarks.harness import ACCELERATE_LAUNCH
 
 TRAIN_POPULATION = SCRIPTS / "train_population.py"
 
@@ -15,8 +15,6 @@ def launch(processes: int, *args, script=TRAIN_POPULATION, config=None) -> subpr
     processes of multi_gpu.yaml become CPU ranks talking over gloo (accelerate's own `--cpu --num_processes 2`
     starts a single process unless mpirun is set up)."""
     config = config or ("single_gpu.yaml" if processes == 1 else "multi_gpu.yaml")
-    accelerate = Path(sys.executable).with_name("accelerate")
-    command = [
-        str(accelerate), "launch", "--config_file", str(ACCELERATE_CONFIGS / config), "--num_processes", str(processes)
-    ]  # fmt: skip
+    config_file = ACCELERATE_CONFIGS / config
+    command = [*ACCELERATE_LAUNCH, "--config_file", str(config_file), "--num_processes", str(processes)]
     return subprocess.run([*command, str(script), *map(str, args)], capture_output=True, text=True, timeout=600)
