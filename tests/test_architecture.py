@@ -6,6 +6,8 @@ import ast
 import importlib
 import inspect
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -294,6 +296,16 @@ def test_no_module_imports_a_module_of_a_higher_floor():
         if floor(target) > floor(module)
     ]
     assert not upward, "imports from a lower floor up to a higher one:\n" + "\n".join(upward)
+
+
+def test_the_core_floor_imports_neither_trl_nor_transformers():
+    """The processes that the distributed parts spawn need `trl_es.core` only; transformers alone would add seconds
+    to the start of each."""
+    core = [module for module in modules() if module.split(".")[:2] == ["trl_es", "core"]]
+    imports = "; ".join(f"import {module}" for module in core)
+    code = f"import sys; {imports}; print(sorted({{'trl', 'transformers'}} & set(sys.modules)))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", f"importing trl_es.core imported {run.stdout.strip()}"
 
 
 def test_no_module_of_the_package_imports_itself_in_a_circle():

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .guards import NonFiniteError, check_finite_tensors
 from .released_weights import full_shape
@@ -321,6 +320,10 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
 
 def checkpoints(output_dir: str | os.PathLike) -> list[tuple[Path, str | None]]:
     """Every `checkpoint-<step>` in `output_dir`, newest first, with why it cannot be resumed from (None: it can)."""
+    # Imported here: `trl_es.core` imports no transformers, whose import costs seconds in every process that the
+    # distributed parts spawn (a trainer has it loaded already).
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
     numbered = []
     for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
         suffix = path.name[len(PREFIX_CHECKPOINT_DIR) + 1 :]
