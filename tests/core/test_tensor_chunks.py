@@ -61,3 +61,9 @@ def test_the_largest_magnitude_is_the_largest_absolute_value_or_nan():
     assert largest_magnitude(torch.zeros(0)) == 0.0
     assert largest_magnitude(torch.tensor([-math.inf, 1.0])) == math.inf
     assert math.isnan(largest_magnitude(torch.tensor([1.0, math.nan, -2.0])))
+
+
+def test_the_largest_magnitude_of_a_parameter_reads_it_without_a_warning(recwarn):
+    # first_non_finite reads a model's parameters before a save; float() of their aminmax warned about requires_grad
+    assert largest_magnitude(torch.nn.Parameter(torch.tensor([1.0, -2.0]))) == 2.0
+    assert not [warning for warning in recwarn if "requires_grad" in str(warning.message)]

@@ -59,5 +59,5 @@ def largest_magnitude(tensor: torch.Tensor) -> float:
     """`max |tensor|` without a copy of it (0 for an empty tensor); NaN where the tensor holds a NaN."""
     if tensor.numel() == 0:
         return 0.0
-    smallest, largest = torch.aminmax(tensor)
+    smallest, largest = torch.aminmax(tensor.detach())  # a model's parameter: no graph, and no warning
     return float(torch.maximum(largest, -smallest))
