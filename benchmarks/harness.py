@@ -360,6 +360,15 @@ def cpus_available() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def core_share(index: int, shares: int) -> str:
+    """The cores of server (or worker) `index` out of `shares`, as `VLLM_CPU_OMP_THREADS_BIND` reads them: consecutive
+    equal shares of this process's cores (at least one each; with fewer cores than shares, some share one)."""
+    cores = sorted(os.sched_getaffinity(0))
+    size = max(1, len(cores) // shares)
+    start = (index * size) % len(cores)
+    return ",".join(str(core) for core in cores[start : start + size])
+
+
 def machine_info(device: str) -> dict:
     import torch
     import transformers

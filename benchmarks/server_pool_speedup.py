@@ -25,6 +25,7 @@ if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)
 
 from benchmarks.harness import (  # noqa: E402
+    core_share,
     free_port,
     launch_server,
     median,
@@ -100,15 +101,6 @@ def launch_server_of_index(cli, model: str, secret_file: str, index: int, workdi
         environment["VLLM_CPU_OMP_THREADS_BIND"] = core_share(index, 2)
     log = workdir / f"server-{index}.log"
     return launch_server(serve_command(model, port, *flags), log, environment), port, log
-
-
-def core_share(index: int, servers: int) -> str:
-    """The cores of server `index` out of `servers`: consecutive equal shares of this process's cores (at least one
-    each; with fewer cores than servers, some share one)."""
-    cores = sorted(os.sched_getaffinity(0))
-    size = max(1, len(cores) // servers)
-    start = (index * size) % len(cores)
-    return ",".join(str(core) for core in cores[start : start + size])
 
 
 def timed_block(cli, model: str, urls: list[str], secret_file: str, workdir: Path) -> dict:

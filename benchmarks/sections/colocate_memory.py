@@ -1,7 +1,8 @@
 """Section 7, colocate memory (`--sections colocate_memory`, not run by default): what ES adds to a colocated vLLM
 engine, in bytes per parameter, for each master.
 
-Fresh processes (`bench.py --worker`) on the same model (`--colocate_model`) at `--colocate_setting` (NxBxT):
+Fresh processes (`bench.py --worker`; side by side on the CPU, one after another on CUDA) on the same model
+(`--colocate_model`) at `--colocate_setting` (NxBxT):
 - ES: an ESTrainer with `use_vllm=True, vllm_mode="colocate"`, the model loaded in bfloat16
   (`model_init_kwargs={"dtype": "bfloat16"}`), trains one step (which already holds everything ES ever holds), once
   with `master_dtype="float32"`, once with `"compensated_bfloat16"` and once with the float32 master in host memory
@@ -23,9 +24,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import queue
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks.harness import BENCHMARKS, LIVE_RSS_MALLOC, PeakMemory, free_port, run_worker
+from benchmarks.harness import (
+    BENCHMARKS,
+    LIVE_RSS_MALLOC,
+    PeakMemory,
+    core_share,
+    cpus_available,
+    free_port,
+    run_worker,
+)
 from benchmarks.sections.overhead import parse_setting
 
 # RESULT key -> (the master's name in the table, its ESConfig settings)
@@ -54,15 +65,28 @@ def run(cli, paths: dict[str, str], device: str) -> dict:
                 population_size=population_size, batch_size=batch_size, max_completion_length=tokens)  # fmt: skip
     environment = {**LIVE_RSS_MALLOC, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 
+    # Only peaks are measured, so on the CPU the workers run side by side, each engine on its own share of the cores;
+    # on CUDA one at a time, as each engine claims its share of the one GPU's memory.
+    lanes = min(cpus_available(), 1 + len(MASTERS)) if device == "cpu" else 1
+    free_cores = queue.SimpleQueue()
+    for lane in range(lanes):
+        free_cores.put({"VLLM_CPU_OMP_THREADS_BIND": core_share(lane, lanes)} if lanes > 1 else {})
+
     def measure(role: str, master: str | None = None, settings: dict | None = None) -> dict:
         label = f"colocate memory run ({role}{f', {master} master' if master else ''})"
         # The engine's process group meets on its own port, not on the 29500 other runs on this machine may hold
         rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        return run_worker(BENCHMARKS / "bench.py", {**spec, "role": role, "master": settings or {}}, label,
-                          {**environment, **rendezvous})  # fmt: skip
+        cores = free_cores.get()
+        try:
+            return run_worker(BENCHMARKS / "bench.py", {**spec, "role": role, "master": settings or {}}, label,
+                              {**environment, **rendezvous, **cores})  # fmt: skip
+        finally:
+            free_cores.put(cores)
 
-    engine = measure("engine")
-    runs = {master: measure("es", master, settings) for master, settings in MASTERS.values()}
+    with ThreadPoolExecutor(lanes) as pool:
+        engine_run = pool.submit(measure, "engine")
+        es_runs = {master: pool.submit(measure, "es", master, settings) for master, settings in MASTERS.values()}
+        engine, runs = engine_run.result(), {master: run.result() for master, run in es_runs.items()}
     for es in runs.values():
         es["added_bytes"] = es["peak_bytes"] - engine["peak_bytes"]
         es["bytes_per_param"] = es["added_bytes"] / es["parameters"]

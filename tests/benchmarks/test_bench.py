@@ -9,10 +9,10 @@ import sys
 import pytest
 from scripts.paths import REPO
 
+from benchmarks.harness import core_share
 from benchmarks.options import parse_args
 from benchmarks.sections import colocate_memory, servers, tensor_parallel
 from benchmarks.sections.overhead import parse_setting
-from benchmarks.server_pool_speedup import core_share
 from benchmarks.trainers import even_token_fraction
 
 BENCH = REPO / "benchmarks" / "bench.py"
