@@ -1,22 +1,34 @@
 """ES learns: the embedded arithmetic model answers clearly more held-out problems after `trl-es demo`, and low-rank
 ES raises the reward of the digit task."""
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from trl_es import ESTrainer
-from trl_es.demo.run import run_demo
 from trl_es.testing import digit_fraction, digit_prompts
+
+TABLE_ROW = re.compile(r"^(\S+) +(\d+\.\d+) +(\d+\.\d+) +[+-]\d+\.\d+$", re.MULTILINE)
 
 
 @pytest.mark.slow
 def test_es_raises_held_out_accuracy_of_the_embedded_arithmetic_model(tmp_path):
-    result = run_demo(output_dir=str(tmp_path), log=lambda *args: None)  # exactly `trl-es demo`: 200 ES steps
-    before, after = result.before, result.after
+    # `trl-es demo` itself (200 ES steps), in a process of its own: in the suite's long-lived process the same run took
+    # a quarter to a half longer than alone
+    command = [sys.executable, "-m", "trl_es.cli.main", "demo", "--output_dir", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    table = {name: (float(before), float(after)) for name, before, after in TABLE_ROW.findall(run.stdout)}
+    assert {"greedy_accuracy", "pass@1", "pass@16"} <= table.keys(), run.stdout[-3000:]
     # 512 held-out problems: the standard error of an accuracy near 0.5 is 0.022, so a gain of 0.1 is over four
-    # standard errors of each measurement. On the development machine greedy accuracy went from 0.41 to 0.60.
-    assert after.greedy_accuracy > before.greedy_accuracy + 0.1
-    assert after.pass_at_k[1] > before.pass_at_k[1] + 0.05  # sampled answers improve too, not only the greedy one
-    assert after.pass_at_k[16] >= before.pass_at_k[16] - 0.03  # and coverage does not collapse
+    # standard errors of each measurement. The README's run: greedy accuracy from 0.385 to 0.576.
+    (greedy_before, greedy_after), (pass1_before, pass1_after) = table["greedy_accuracy"], table["pass@1"]
+    assert greedy_after > greedy_before + 0.1
+    assert pass1_after > pass1_before + 0.05  # sampled answers improve too, not only the greedy one
+    assert table["pass@16"][1] >= table["pass@16"][0] - 0.03  # and coverage does not collapse
+    assert (tmp_path / "model.safetensors").is_file()  # the trained model, where the command says
 
 
 @pytest.mark.slow
