@@ -3,14 +3,12 @@ through accelerate with our configs, and end to end on CPU, `trl-es evolm` inclu
 tests/sequential/test_stage_configs.py."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from scripts.paths import ACCELERATE_CONFIGS, REPO
+from scripts.trl_es_command import run_trl_es
 from trl import GRPOConfig
 
 from trl_es.cli.main import TRAINING_COMMANDS, accelerate_launch_args, main, resolve_accelerate_config_argument
@@ -93,14 +91,6 @@ FAST_FLAGS = dict(
     report_to="none",
     save_strategy="no",
 )
-
-
-def run_trl_es(*argv: str, cwd: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        [sys.executable, "-m", "trl_es.cli.main", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def saved_args(folder: Path):

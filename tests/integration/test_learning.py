@@ -2,10 +2,9 @@
 ES raises the reward of the digit task."""
 
 import re
-import subprocess
-import sys
 
 import pytest
+from scripts.trl_es_command import run_trl_es
 
 from trl_es import ESTrainer
 from trl_es.testing import digit_fraction, digit_prompts
@@ -17,9 +16,7 @@ TABLE_ROW = re.compile(r"^(\S+) +(\d+\.\d+) +(\d+\.\d+) +[+-]\d+\.\d+$", re.MULT
 def test_es_raises_held_out_accuracy_of_the_embedded_arithmetic_model(tmp_path):
     # `trl-es demo` itself (200 ES steps), in a process of its own: in the suite's long-lived process the same run took
     # a quarter to a half longer than alone
-    command = [sys.executable, "-m", "trl_es.cli.main", "demo", "--output_dir", str(tmp_path)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = run_trl_es("demo", "--output_dir", str(tmp_path), timeout=1800)
     table = {name: (float(before), float(after)) for name, before, after in TABLE_ROW.findall(run.stdout)}
     assert {"greedy_accuracy", "pass@1", "pass@16"} <= table.keys(), run.stdout[-3000:]
     # 512 held-out problems: the standard error of an accuracy near 0.5 is 0.022, so a gain of 0.1 is over four
